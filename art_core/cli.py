@@ -1,0 +1,45 @@
+"""The ``art-core`` command line. Each subcommand lives next to the part it drives and
+registers itself through an ``add_parser(subparsers)`` function listed in ``COMMANDS``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# module path -> imported lazily, so `art-core --help` stays fast and optional parts stay optional
+COMMANDS: list[str] = [
+    "art_core.demo",
+    "art_core.rewards.cli",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="art-core", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module_name in COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue  # that part is not built yet / not installed
+            raise
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``art-core`` console script.
+
+    Example:
+        >>> main(["--help"])  # doctest: +SKIP
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result = args.func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The interface every inference engine implements, and the values passing through it.
+
+The gateway turns an OpenAI request into a ``GenerationRequest`` (already tokenized, with any
+grammar constraint compiled), the engine samples, and a ``GenerationResult`` per choice comes
+back with the exact token ids and logprobs. Engines batch concurrent requests themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+# Called from the engine's worker thread with (choice_index, new_token_ids) as tokens are
+# sampled; the gateway uses it to stream. It must be thread-safe and must not block.
+TokenCallback = Callable[[int, list[int]], None]
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 256
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    top_logprobs: int = 0
+    # A llguidance grammar (Lark or JSON-schema derived) every choice must follow, or None.
+    grammar: str | None = None
+
+
+@dataclass
+class GenerationRequest:
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    adapter: str | None = None  # adapter name to serve with; None = the engine's current one
+    on_tokens: TokenCallback | None = None
+
+
+@dataclass
+class GenerationResult:
+    choice_index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (end of turn or stop string) or "length"
+    adapter_step: int
+    # For each sampled token, the top alternatives as (token_id, logprob), when asked for.
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # The stop string that ended generation, if any (its text is cut from the answer).
+    stop_string: str | None = None
+
+
+@dataclass
+class AdapterInfo:
+    name: str
+    step: int
+    path: Path | None
+
+
+class EngineError(Exception):
+    """A request the engine cannot serve (bad grammar, prompt too long); maps to HTTP 400."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the gateway and the trainer need from an inference engine."""
+
+    tokenizer: Any
+    context_length: int
+
+    @property
+    def current_adapter(self) -> AdapterInfo | None: ...
+
+    async def start(self) -> None: ...
+
+    async def generate(self, request: GenerationRequest) -> list[GenerationResult]: ...
+
+    async def load_adapter(self, path: Path, step: int, *, name: str | None = None) -> None:
+        """Load a PEFT adapter folder and make it the one served by default."""
+        ...
+
+    async def pause(self) -> None:
+        """Let the running batch finish; hold new requests until ``resume``."""
+        ...
+
+    async def resume(self) -> None: ...
+
+    async def close(self) -> None: ...

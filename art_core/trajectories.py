@@ -1,0 +1,257 @@
+"""The data model of a rollout: recorded LLM calls, trajectories and groups of them.
+
+Everything here round-trips through JSON (``model_dump_json`` / ``model_validate_json``):
+trajectories are saved as JSONL, sent over HTTP and loaded back without pickle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+import uuid
+from collections.abc import Awaitable, Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+
+JSONScalar = float | int | bool | str | None
+
+
+def new_id(prefix: str) -> str:
+    """A random, URL-safe id such as ``rollout_3f9c...``."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class LLMCall(BaseModel):
+    """One chat completion served by the gateway, recorded token-exactly.
+
+    ``prompt_token_ids`` are the ids the engine actually ran, ``completion_token_ids`` the ids it
+    sampled (including the end-of-turn token when the model stopped by itself), and ``logprobs``
+    the sampler's log-probability of each sampled id under the model at temperature 1, before
+    any grammar mask. The trainer uses these ids directly and never re-tokenizes text.
+
+    Example:
+        >>> call = LLMCall(model="m", messages=[{"role": "user", "content": "hi"}],
+        ...                prompt_token_ids=[1, 2], completion_token_ids=[3], logprobs=[-0.1])
+        >>> call.num_completion_tokens
+        1
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(default_factory=lambda: new_id("call"))
+    rollout_id: str | None = None
+    index: int = 0
+    choice_index: int = 0
+    model: str
+    adapter_step: int = 0
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    request_params: dict[str, Any] = Field(default_factory=dict)
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    logprobs: list[float]
+    completion_text: str = ""
+    response_message: dict[str, Any] = Field(
+        default_factory=lambda: {"role": "assistant", "content": ""}
+    )
+    finish_reason: str = "stop"
+    created_at: float = Field(default_factory=time.time)
+    latency_s: float = 0.0
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.completion_token_ids)
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """The request messages followed by the assistant message this call returned."""
+        return [*self.messages, self.response_message]
+
+
+def _as_plain_dict(value: Any) -> dict[str, Any]:
+    """Messages may arrive as openai / pydantic objects; store them as plain JSON dicts."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_none=True)
+    if isinstance(value, dict):
+        return value
+    raise TypeError(
+        f"a message or choice must be a dict or a pydantic model, got {type(value).__name__}"
+    )
+
+
+def _is_choice(item: dict[str, Any]) -> bool:
+    return "message" in item and "finish_reason" in item
+
+
+class Trajectory(BaseModel):
+    """One rollout: the LLM calls it made, its reward, metrics, metadata and logs.
+
+    Built by ``art_core.capture`` from the gateway's record, or by hand ART-style from
+    ``messages_and_choices`` (choices returned by the gateway are matched to their recorded
+    calls before training).
+
+    Example:
+        >>> t = Trajectory(messages_and_choices=[{"role": "user", "content": "2+2?"}], reward=1.0)
+        >>> Trajectory.model_validate_json(t.model_dump_json()).reward
+        1.0
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(default_factory=lambda: new_id("rollout"))
+    calls: list[LLMCall] = Field(default_factory=list)
+    messages_and_choices: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    reward: float = 0.0
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+    start_time: float = Field(default_factory=time.time)
+    end_time: float | None = None
+
+    @field_validator("messages_and_choices", mode="before")
+    @classmethod
+    def _plain_messages(cls, value: Any) -> list[dict[str, Any]]:
+        return [_as_plain_dict(item) for item in (value or [])]
+
+    @field_validator("reward")
+    @classmethod
+    def _finite_reward(cls, value: float) -> float:
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError("reward must be a finite number")
+        return value
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The OpenAI-messages view of the rollout's main conversation.
+
+        For captured rollouts this is the conversation of the latest call (its request messages
+        plus the answer); ART-style trajectories have their choices turned into messages.
+        """
+        if self.messages_and_choices:
+            return [
+                _as_plain_dict(item["message"]) if _is_choice(item) else item
+                for item in self.messages_and_choices
+            ]
+        if not self.calls:
+            return []
+        return self.calls[-1].conversation()
+
+    def choices(self) -> list[dict[str, Any]]:
+        """The ART-style choices of a hand-built trajectory, in order."""
+        return [item for item in self.messages_and_choices if _is_choice(item)]
+
+    def log(self, message: str) -> None:
+        self.logs.append(message)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(call.num_completion_tokens for call in self.calls)
+
+
+class RolloutException(BaseModel):
+    """A rollout that raised, kept as text so a group stays JSON-serializable."""
+
+    type: str
+    message: str
+    traceback: str = ""
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> RolloutException:
+        return cls(
+            type=type(exc).__name__,
+            message=str(exc),
+            traceback="".join(traceback.format_exception(exc)),
+        )
+
+
+class TrajectoryGroup(BaseModel):
+    """The rollouts of one scenario; GRPO compares rewards within a group.
+
+    Accepts trajectories, awaitables of trajectories (rollouts still to run) and exceptions.
+    Awaiting the group runs its pending rollouts concurrently; a rollout that raises is kept in
+    ``exceptions`` rather than failing the group.
+
+    Example:
+        >>> group = TrajectoryGroup([Trajectory(reward=1.0), Trajectory(reward=0.0)])
+        >>> [t.reward for t in group]
+        [1.0, 0.0]
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    exceptions: list[RolloutException] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+
+    _pending: list[Awaitable[Trajectory]] = PrivateAttr(default_factory=list)
+
+    def __init__(
+        self,
+        trajectories: Iterable[Trajectory | Awaitable[Trajectory] | BaseException] = (),
+        *,
+        exceptions: Iterable[RolloutException | BaseException] = (),
+        **data: Any,
+    ) -> None:
+        done: list[Any] = []
+        pending: list[Awaitable[Trajectory]] = []
+        errors: list[RolloutException] = []
+        for item in trajectories:
+            if isinstance(item, BaseException):
+                errors.append(RolloutException.from_exception(item))
+            elif isinstance(item, Trajectory | dict):
+                done.append(item)
+            elif hasattr(item, "__await__"):
+                pending.append(item)
+            else:
+                raise TypeError(
+                    "a TrajectoryGroup holds Trajectory objects or awaitables of them, "
+                    f"got {type(item).__name__}"
+                )
+        for exc in exceptions:
+            errors.append(
+                exc if isinstance(exc, RolloutException) else RolloutException.from_exception(exc)
+            )
+        super().__init__(trajectories=done, exceptions=errors, **data)
+        self._pending = pending
+
+    def __iter__(self):  # type: ignore[override]
+        return iter(self.trajectories)
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    @property
+    def pending(self) -> int:
+        """How many rollouts have not run yet."""
+        return len(self._pending)
+
+    async def run(self) -> TrajectoryGroup:
+        """Run the pending rollouts concurrently; exceptions are recorded, not raised."""
+        pending, self._pending = self._pending, []
+        results = await asyncio.gather(*pending, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Trajectory):
+                self.trajectories.append(result)
+            elif isinstance(result, BaseException):
+                if isinstance(result, asyncio.CancelledError | KeyboardInterrupt):
+                    raise result
+                self.exceptions.append(RolloutException.from_exception(result))
+            else:
+                self.exceptions.append(
+                    RolloutException(
+                        type="TypeError",
+                        message=f"a rollout returned {type(result).__name__}, not a Trajectory",
+                    )
+                )
+        return self
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return self.run().__await__()
