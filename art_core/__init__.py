@@ -1,5 +1,41 @@
-"""art_core: train existing agents with GRPO through a token-exact capture gateway."""
+"""art_core: train existing agents with GRPO through a token-exact capture gateway.
 
+Example:
+    >>> import art_core as art
+    >>> model = art.TrainableModel(name="agent-001", project="demo", base_model="smollm2-135m")
+    >>> # await model.register(art.LocalBackend()); async with art.capture(model) as run: ...
+"""
+
+from art_core.backends.local import LocalBackend
+from art_core.capture import Run, capture, current_run
+from art_core.gather import TooManyExceptions, gather_trajectory_groups
+from art_core.model import Model, TrainableModel
 from art_core.trajectories import LLMCall, RolloutException, Trajectory, TrajectoryGroup
 
-__all__ = ["LLMCall", "RolloutException", "Trajectory", "TrajectoryGroup"]
+__all__ = [
+    "LLMCall",
+    "LocalBackend",
+    "Model",
+    "RolloutException",
+    "Run",
+    "TooManyExceptions",
+    "TrainableModel",
+    "Trajectory",
+    "TrajectoryGroup",
+    "capture",
+    "current_run",
+    "gather_trajectory_groups",
+]
+
+
+def __getattr__(name: str) -> object:
+    # Parts built in their own modules, imported on first use (training pulls in peft).
+    if name in ("TrainConfig", "TrainResult"):
+        from art_core.training import config
+
+        return getattr(config, name)
+    if name in ("ruler", "ruler_score_group", "DEFAULT_RUBRIC"):
+        from art_core import rewards
+
+        return getattr(rewards, name)
+    raise AttributeError(f"module 'art_core' has no attribute {name!r}")

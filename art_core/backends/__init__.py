@@ -1,0 +1,1 @@
+"""Backends: where models are served and trained."""

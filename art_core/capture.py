@@ -1,0 +1,111 @@
+"""``capture(model)``: scope any agent code's LLM calls to one rollout and get its trajectory."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from art_core.trajectories import LLMCall, Trajectory, new_id
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI, OpenAI
+
+    from art_core.model import TrainableModel
+
+_current_run: ContextVar[Run | None] = ContextVar("art_current_run", default=None)
+
+
+def current_run() -> Run | None:
+    """The rollout being captured in this context (task), if any. Integrations use this."""
+    return _current_run.get()
+
+
+class Run:
+    """One rollout: its id, its base URL, and the calls the gateway recorded for it."""
+
+    def __init__(self, model: TrainableModel, rollout_id: str, metadata: dict[str, Any]) -> None:
+        if model.inference_base_url is None:
+            raise RuntimeError(f"model {model.name!r} is not registered")
+        self.model = model
+        self.rollout_id = rollout_id
+        self.metadata = metadata
+        root = model.inference_base_url.removesuffix("/").removesuffix("/v1")
+        self.base_url = f"{root}/rollouts/{rollout_id}/v1"
+        self.start_time = time.time()
+        self.end_time: float | None = None
+        self._final_calls: list[LLMCall] | None = None
+
+    @property
+    def model_name(self) -> str:
+        return self.model.get_inference_name()
+
+    def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
+        """An ``openai.AsyncOpenAI`` client whose calls are recorded in this rollout."""
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(base_url=self.base_url, api_key=self.model.inference_api_key or "art", **kwargs)
+
+    def sync_openai_client(self, **kwargs: Any) -> OpenAI:
+        """The synchronous ``openai.OpenAI`` equivalent, for sync agent code."""
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.base_url, api_key=self.model.inference_api_key or "art", **kwargs)
+
+    async def fetch_calls(self, *, release: bool = False) -> list[LLMCall]:
+        """The calls recorded so far, in the order they were issued."""
+        calls = await self.model.backend._rollout_calls(self.model, self.rollout_id, release=release)
+        return list(calls)
+
+    @property
+    def calls(self) -> list[LLMCall]:
+        if self._final_calls is None:
+            raise RuntimeError("run.calls is available once the capture block has exited; use `await run.fetch_calls()` inside it")
+        return list(self._final_calls)
+
+    def trajectory(
+        self,
+        reward: float = 0.0,
+        *,
+        metrics: dict[str, float | int | bool] | None = None,
+        metadata: dict[str, Any] | None = None,
+        logs: list[str] | None = None,
+    ) -> Trajectory:
+        """The rollout's trajectory, built from its recorded calls.
+
+        Example:
+            >>> async with capture(model) as run:  # doctest: +SKIP
+            ...     await run.openai_client().chat.completions.create(...)
+            >>> run.trajectory(reward=1.0).calls  # doctest: +SKIP
+        """
+        calls = self.calls
+        tools = next((c.tools for c in reversed(calls) if c.tools), None)
+        return Trajectory(
+            id=self.rollout_id, calls=calls, tools=tools, reward=reward,
+            metrics=dict(metrics or {}), metadata={**self.metadata, **(metadata or {})},
+            logs=list(logs or []), start_time=self.start_time, end_time=self.end_time,
+        )
+
+
+@asynccontextmanager
+async def capture(
+    model: TrainableModel, *, rollout_id: str | None = None, metadata: dict[str, Any] | None = None
+) -> AsyncIterator[Run]:
+    """Open a rollout: calls sent to ``run.base_url`` are recorded under a fresh rollout id.
+
+    Example:
+        >>> async with art.capture(model) as run:  # doctest: +SKIP
+        ...     client = run.openai_client()
+        ...     await client.chat.completions.create(model=run.model_name, messages=[...])
+        >>> trajectory = run.trajectory(reward=1.0)  # doctest: +SKIP
+    """
+    run = Run(model, rollout_id or new_id("rollout"), dict(metadata or {}))
+    token = _current_run.set(run)
+    try:
+        yield run
+    finally:
+        _current_run.reset(token)
+        run.end_time = time.time()
+        run._final_calls = await run.fetch_calls(release=True)

@@ -1,0 +1,143 @@
+"""Chat prompts as token ids, spliced onto the ids of earlier calls of the same rollout.
+
+Re-tokenizing a conversation's text does not always give back the ids the model sampled (a
+model may emit a non-canonical tokenization, and templates re-serialize tool calls). When a
+request continues an earlier call of its rollout (its messages are that call's messages plus
+the answer it returned, plus new turns), the prompt is built as
+``earlier prompt ids + sampled ids + ids of the new turns``. The model then sees exactly what
+it produced, and the trainer can merge the calls into one token-exact sequence.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from art_core.trajectories import LLMCall
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message with text content and only the fields a chat template reads.
+
+    Example:
+        >>> normalize_message({"role": "user", "content": [{"type": "text", "text": "hi"}], "refusal": None})
+        {'role': 'user', 'content': 'hi'}
+    """
+    normalized: dict[str, Any] = {"role": message["role"], "content": _text(message.get("content"))}
+    if message.get("name"):
+        normalized["name"] = message["name"]
+    if message.get("tool_call_id"):
+        normalized["tool_call_id"] = message["tool_call_id"]
+    if message.get("tool_calls"):
+        normalized["tool_calls"] = [
+            {
+                "id": call.get("id", ""),
+                "type": "function",
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": call["function"].get("arguments") or "{}",
+                },
+            }
+            for call in message["tool_calls"]
+        ]
+    return normalized
+
+
+def _same_answer(sent: dict[str, Any], returned: dict[str, Any]) -> bool:
+    """Whether the client sent back the assistant message we returned (ids may differ)."""
+
+    def calls(message: dict[str, Any]) -> list[tuple[str, Any]]:
+        out = []
+        for call in message.get("tool_calls") or []:
+            try:
+                arguments = json.loads(call["function"]["arguments"] or "{}")
+            except (json.JSONDecodeError, TypeError):
+                arguments = call["function"]["arguments"]
+            out.append((call["function"]["name"], arguments))
+        return out
+
+    return (
+        sent.get("role") == "assistant"
+        and _text(sent.get("content")).strip() == _text(returned.get("content")).strip()
+        and calls(sent) == calls(returned)
+    )
+
+
+class PromptBuilder:
+    """Renders chat requests with the tokenizer's template and encodes them to ids.
+
+    Example:
+        >>> builder = PromptBuilder(tokenizer, eos_token_ids={2})  # doctest: +SKIP
+        >>> ids = builder.build([{"role": "user", "content": "hi"}], tools=None, history=[])  # doctest: +SKIP
+    """
+
+    def __init__(self, tokenizer: Any, eos_token_ids: set[int]) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self._eos_texts = sorted(
+            {tokenizer.decode([i], skip_special_tokens=False) for i in eos_token_ids} - {""},
+            key=len,
+            reverse=True,
+        )
+
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> str:
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+        )
+        return str(text)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def build(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        history: Sequence[LLMCall] = (),
+    ) -> list[int]:
+        """Prompt ids for ``messages`` (normalized), reusing the ids of a call it continues."""
+        full = self.render(messages, tools)
+        for previous in sorted(history, key=lambda c: len(c.messages), reverse=True):
+            spliced = self._splice(messages, tools, full, previous)
+            if spliced is not None:
+                return spliced
+        return self.encode(full)
+
+    def _splice(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        full: str,
+        previous: LLMCall,
+    ) -> list[int] | None:
+        k = len(previous.messages)
+        if len(messages) <= k or (previous.tools or None) != (tools or None):
+            return None
+        if messages[:k] != previous.messages or not _same_answer(messages[k], previous.response_message):
+            return None
+        before = self.render(previous.messages, tools)
+        if not full.startswith(before):
+            return None  # the template rewrote history; fall back to plain encoding
+        # Where the answer's turn ends in the re-rendered text, and with which end token.
+        ends = [(i, eos) for eos in self._eos_texts if (i := full.find(eos, len(before))) >= 0]
+        if not ends:
+            return None
+        end, turn_end = min(ends, key=lambda found: found[0])
+        sampled = previous.completion_token_ids
+        if sampled and sampled[-1] in self.eos_token_ids:
+            # The model closed its turn itself (with whichever end token it chose).
+            tail = full[end + len(turn_end) :]
+        else:  # cut by max_tokens or a stop string: the template closes the turn for it
+            tail = full[end:]
+        return [*previous.prompt_token_ids, *sampled, *self.encode(tail)]

@@ -1,0 +1,482 @@
+"""The embedded engine: batched sampling with Hugging Face transformers, in-process.
+
+Requests queue up while a batch runs and are served together in the next one, so N concurrent
+rollouts cost roughly one forward pass per token, not N. The sampling loop is written out here
+(rather than ``model.generate``) because every row of a batch needs its own temperature, top-p,
+seed, grammar, stop strings and token budget, and because we record each sampled id with its
+logprob as it happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from art_core.embedded.templates import tool_chat_template
+from art_core.engines.base import (
+    AdapterInfo,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    request: GenerationRequest
+    future: asyncio.Future[list[GenerationResult]]
+    loop: asyncio.AbstractEventLoop
+    adapter: AdapterInfo | None = None
+
+
+@dataclass
+class _Row:
+    pending: _Pending
+    choice_index: int
+    params: SamplingParams
+    generator: torch.Generator | None
+    matcher: Any | None  # llguidance.LLMatcher
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_string: str | None = None
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str) -> torch.dtype:
+    if device.startswith("cuda") and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+class TransformersEngine:
+    """In-process engine over a local Hugging Face model folder (CPU or CUDA).
+
+    Example:
+        >>> engine = TransformersEngine(Path(".art/base_models/tiny-random"))  # doctest: +SKIP
+        >>> await engine.start()  # doctest: +SKIP
+        >>> [result] = await engine.generate(GenerationRequest([1, 2, 3], SamplingParams()))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        device: str | None = None,
+        dtype: torch.dtype | str | None = None,
+        max_batch_size: int = 32,
+        max_loaded_adapters: int = 4,
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.device = device or default_device()
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        self.dtype = dtype or default_dtype(self.device)
+        self.max_batch_size = max_batch_size
+        self.max_loaded_adapters = max_loaded_adapters
+        self.tokenizer: Any = None
+        self.context_length = 0
+        self.model: Any = None
+        self._base_model: Any = None
+        self._ll_tokenizer: Any = None
+        self._ll_lock = threading.Lock()
+        self._eos_ids: set[int] = set()
+        self._pad_id = 0
+        self._adapters: dict[str, AdapterInfo] = {}
+        self._current: AdapterInfo | None = None
+        self._queue: deque[_Pending] = deque()
+        self._wake: asyncio.Event | None = None
+        self._model_lock: asyncio.Lock | None = None
+        self._paused = False
+        self._scheduler: asyncio.Task[None] | None = None
+        self.batches_run = 0
+        self.rows_served = 0
+
+    # ----------------------------------------------------------------------------- lifecycle
+    def load(self) -> None:
+        """Load tokenizer and weights (blocking; ``start`` runs it in a thread)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        template = getattr(tokenizer, "chat_template", None) or ""
+        if "tools" not in template:
+            # The model's own template cannot render tools: use ChatML with tool turns.
+            tokenizer.chat_template = tool_chat_template()
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        model.to(self.device)
+        model.eval()
+        self.tokenizer = tokenizer
+        self._base_model = self.model = model
+        self.context_length = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
+        eos: set[int] = set()
+        for source in (tokenizer.eos_token_id, model.generation_config.eos_token_id):
+            if isinstance(source, int):
+                eos.add(source)
+            elif isinstance(source, list):
+                eos.update(int(x) for x in source)
+        for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and token_id >= 0:
+                eos.add(token_id)
+        self._eos_ids = eos
+        pad = tokenizer.pad_token_id
+        self._pad_id = pad if pad is not None else min(eos)
+
+    async def start(self) -> None:
+        if self.model is None:
+            await asyncio.to_thread(self.load)
+        self._wake = asyncio.Event()
+        self._model_lock = asyncio.Lock()
+        self._scheduler = asyncio.create_task(self._schedule(), name="art-engine-scheduler")
+
+    async def close(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+            try:
+                await self._scheduler
+            except asyncio.CancelledError:
+                pass
+            self._scheduler = None
+        while self._queue:
+            pending = self._queue.popleft()
+            if not pending.future.done():
+                pending.future.set_exception(EngineError("the engine was shut down"))
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return set(self._eos_ids)
+
+    @property
+    def current_adapter(self) -> AdapterInfo | None:
+        return self._current
+
+    def adapter(self, step: int) -> AdapterInfo | None:
+        """The loaded adapter of ``step`` (step 0 is the base model), or None."""
+        if step == 0:
+            return AdapterInfo(name="base", step=0, path=None)
+        return next((a for a in self._adapters.values() if a.step == step), None)
+
+    # ----------------------------------------------------------------------------- requests
+    async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
+        """Queue a request; it joins the next batch. Returns one result per choice."""
+        if self._wake is None:
+            raise EngineError("the engine is not started")
+        self._check_request(request)
+        loop = asyncio.get_running_loop()
+        pending = _Pending(request=request, future=loop.create_future(), loop=loop)
+        self._queue.append(pending)
+        self._wake.set()
+        return await pending.future
+
+    def _check_request(self, request: GenerationRequest) -> None:
+        prompt_len = len(request.prompt_token_ids)
+        if prompt_len == 0:
+            raise EngineError("the prompt is empty")
+        if prompt_len + request.params.max_tokens > self.context_length:
+            raise EngineError(
+                f"the prompt has {prompt_len} tokens and max_tokens is "
+                f"{request.params.max_tokens}, more than the context length "
+                f"{self.context_length}"
+            )
+        if request.params.grammar is not None:
+            matcher = self._matcher(request.params.grammar)
+            if matcher.is_error():
+                raise EngineError(f"invalid grammar / schema: {matcher.get_error()}")
+
+    async def pause(self) -> None:
+        """Finish the running batch; hold new requests in the queue until ``resume``."""
+        self._paused = True
+        assert self._model_lock is not None
+        async with self._model_lock:
+            pass
+
+    async def resume(self) -> None:
+        self._paused = False
+        if self._wake is not None:
+            self._wake.set()
+
+    async def load_adapter(self, path: Path, step: int, *, name: str | None = None) -> None:
+        """Load a PEFT adapter folder between batches and serve it by default from now on."""
+        assert self._model_lock is not None
+        async with self._model_lock:
+            await asyncio.to_thread(self._load_adapter, Path(path), step, name or f"step-{step}")
+
+    def _load_adapter(self, path: Path, step: int, name: str) -> None:
+        from peft import PeftModel
+
+        if not (path / "adapter_config.json").is_file():
+            raise EngineError(f"{path} is not a PEFT adapter folder (no adapter_config.json)")
+        if name in self._adapters:
+            self.model.delete_adapter(name)
+            del self._adapters[name]
+        if isinstance(self.model, PeftModel):
+            self.model.load_adapter(str(path), adapter_name=name)
+        else:
+            self.model = PeftModel.from_pretrained(self._base_model, str(path), adapter_name=name)
+        self.model.eval()
+        info = AdapterInfo(name=name, step=step, path=path)
+        self._adapters[name] = info
+        self._current = info
+        while len(self._adapters) > self.max_loaded_adapters:
+            oldest = next(iter(self._adapters))
+            self.model.delete_adapter(oldest)
+            del self._adapters[oldest]
+
+    # ----------------------------------------------------------------------------- scheduling
+    async def _schedule(self) -> None:
+        assert self._wake is not None and self._model_lock is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue and not self._paused:
+                async with self._model_lock:
+                    if self._paused:
+                        break
+                    batch = self._take_batch()
+                    if not batch:
+                        continue
+                    try:
+                        await asyncio.to_thread(self._run_batch, batch)
+                    except Exception as exc:  # a bug or OOM: fail this batch, keep serving
+                        logger.exception("batch failed")
+                        for pending in batch:
+                            _resolve(pending, exc)
+
+    def _take_batch(self) -> list[_Pending]:
+        """Pending requests for one adapter, up to ``max_batch_size`` rows."""
+        batch: list[_Pending] = []
+        rows = 0
+        first_key: str | None = None
+        skipped: deque[_Pending] = deque()
+        while self._queue:
+            pending = self._queue.popleft()
+            if pending.future.done():  # cancelled by a disconnected client
+                continue
+            pending.adapter = (
+                self._current if pending.request.adapter is None else self._adapters.get(
+                    pending.request.adapter
+                ) or AdapterInfo(name="base", step=0, path=None)
+            )
+            key = pending.adapter.name if pending.adapter else "base"
+            n = pending.request.params.n
+            if first_key is None:
+                first_key = key
+            if key != first_key or (batch and rows + n > self.max_batch_size):
+                skipped.append(pending)
+                continue
+            batch.append(pending)
+            rows += n
+        self._queue.extendleft(reversed(skipped))
+        return batch
+
+    # ----------------------------------------------------------------------------- sampling
+    def _matcher(self, grammar: str) -> Any:
+        import llguidance
+        import llguidance.hf
+
+        with self._ll_lock:
+            if self._ll_tokenizer is None:
+                n_vocab = int(self._base_model.get_output_embeddings().weight.shape[0])
+                self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                    self.tokenizer, n_vocab=n_vocab, eos_token=sorted(self._eos_ids)
+                )
+        return llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0)
+
+    def _run_batch(self, batch: list[_Pending]) -> None:
+        rows: list[_Row] = []
+        for pending in batch:
+            params = pending.request.params
+            for choice in range(params.n):
+                generator = None
+                if params.seed is not None:
+                    generator = torch.Generator(device="cpu").manual_seed(params.seed + choice)
+                matcher = self._matcher(params.grammar) if params.grammar else None
+                rows.append(_Row(pending, choice, params, generator, matcher))
+        adapter = batch[0].adapter
+        self.batches_run += 1
+        self.rows_served += len(rows)
+        try:
+            if adapter is None or adapter.step == 0:
+                if hasattr(self.model, "disable_adapter") and self._adapters:
+                    with self.model.disable_adapter():
+                        self._decode(rows)
+                else:
+                    self._decode(rows)
+            else:
+                self.model.set_adapter(adapter.name)
+                self._decode(rows)
+        except Exception as exc:
+            for pending in batch:
+                _resolve(pending, exc)
+            return
+        step = adapter.step if adapter else 0
+        for pending in batch:
+            results = [
+                GenerationResult(
+                    choice_index=row.choice_index,
+                    token_ids=row.tokens,
+                    logprobs=row.logprobs,
+                    finish_reason=row.finish_reason or "length",
+                    adapter_step=step,
+                    top_logprobs=row.top,
+                    stop_string=row.stop_string,
+                )
+                for row in rows
+                if row.pending is pending
+            ]
+            _resolve(pending, results)
+
+    @torch.inference_mode()
+    def _decode(self, rows: list[_Row]) -> None:
+        from transformers import DynamicCache
+
+        device = self.device
+        prompts = [row.pending.request.prompt_token_ids for row in rows]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):  # left padding: every row ends at the same column
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            attention[i, width - len(prompt) :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        input_ids, attention, positions = (
+            input_ids.to(device),
+            attention.to(device),
+            positions.to(device),
+        )
+        cache = DynamicCache(config=self._base_model.config)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        active = list(range(len(rows)))
+        last_position = positions[:, -1]
+        while True:
+            logits = out.logits[:, -1, :].float()
+            next_ids = self._sample(logits, [rows[i] for i in active])
+            keep: list[int] = []
+            for j, i in enumerate(active):
+                if not self._advance(rows[i], int(next_ids[j])):
+                    keep.append(j)
+            if not keep:
+                return
+            if len(keep) < len(active):  # drop finished rows from the batch and its cache
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                attention = attention[index]
+                last_position = last_position[index]
+                next_ids = next_ids[index]
+                active = [active[j] for j in keep]
+            attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
+            last_position = last_position + 1
+            out = self.model(
+                input_ids=next_ids.unsqueeze(1).to(device),
+                attention_mask=attention,
+                position_ids=last_position.unsqueeze(1),
+                past_key_values=cache,
+                use_cache=True,
+            )
+
+    def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
+        """One token per row, honouring each row's own sampling parameters and grammar."""
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen: list[int] = []
+        for j, row in enumerate(rows):
+            params = row.params
+            scores = logits[j]
+            if row.matcher is not None:
+                scores = scores.masked_fill(~self._allowed(row.matcher, scores.shape[0]), -torch.inf)
+            if params.temperature <= 0 or params.top_k == 1:
+                token = int(torch.argmax(scores))
+            else:
+                scores = scores / params.temperature
+                if params.top_k > 0:
+                    kth = torch.topk(scores, min(params.top_k, scores.shape[0])).values[-1]
+                    scores = scores.masked_fill(scores < kth, -torch.inf)
+                if params.top_p < 1.0:
+                    sorted_scores, order = torch.sort(scores, descending=True)
+                    probs = torch.softmax(sorted_scores, dim=-1)
+                    drop = probs.cumsum(-1) - probs > params.top_p
+                    sorted_scores = sorted_scores.masked_fill(drop, -torch.inf)
+                    scores = torch.full_like(scores, -torch.inf).scatter(0, order, sorted_scores)
+                probs = torch.softmax(scores, dim=-1).cpu()
+                token = int(torch.multinomial(probs, 1, generator=row.generator))
+            row.logprobs.append(float(logprobs[j, token]))
+            if params.top_logprobs > 0:
+                top = torch.topk(logprobs[j], params.top_logprobs)
+                row.top.append(list(zip(top.indices.tolist(), top.values.tolist(), strict=True)))
+            chosen.append(token)
+        return torch.tensor(chosen, dtype=torch.long, device=logits.device)
+
+    @staticmethod
+    def _allowed(matcher: Any, vocab: int) -> torch.Tensor:
+        import llguidance.torch
+
+        bitmask = llguidance.torch.allocate_token_bitmask(1, vocab)
+        llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
+        bits = (bitmask[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+        return bits.flatten()[:vocab].bool()
+
+    def _advance(self, row: _Row, token: int) -> bool:
+        """Record a sampled token; True when the row is finished."""
+        row.tokens.append(token)
+        callback = row.pending.request.on_tokens
+        if callback is not None:
+            callback(row.choice_index, [token])
+        params = row.params
+        if token in self._eos_ids:
+            row.finish_reason = "stop"
+            return True
+        if row.matcher is not None and not row.matcher.consume_token(token):
+            row.finish_reason = "stop"  # cannot happen under the mask; stop rather than loop
+            return True
+        if params.stop:
+            tail = self.tokenizer.decode(row.tokens[-64:], skip_special_tokens=False)
+            for stop in params.stop:
+                if stop in tail:
+                    row.finish_reason, row.stop_string = "stop", stop
+                    return True
+        prompt_len = len(row.pending.request.prompt_token_ids)
+        if len(row.tokens) >= params.max_tokens or prompt_len + len(row.tokens) >= self.context_length:
+            row.finish_reason = "length"
+            return True
+        return False
+
+
+def _resolve(pending: _Pending, outcome: list[GenerationResult] | BaseException) -> None:
+    """Hand a result to the request's event loop from the worker thread (or the loop itself)."""
+
+    def deliver() -> None:
+        if pending.future.done():
+            return
+        if isinstance(outcome, BaseException):
+            pending.future.set_exception(outcome)
+        else:
+            pending.future.set_result(outcome)
+
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is pending.loop:
+        deliver()
+    else:
+        pending.loop.call_soon_threadsafe(deliver)

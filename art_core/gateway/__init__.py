@@ -1,0 +1,1 @@
+"""Gateway: the OpenAI-compatible HTTP front that records every call."""

@@ -1,0 +1,102 @@
+"""``gather_trajectory_groups``: run groups of rollouts concurrently, with a progress bar."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from art_core.trajectories import Trajectory, TrajectoryGroup
+
+AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None] | TrajectoryGroup | None]
+
+
+class TooManyExceptions(RuntimeError):
+    """More rollouts raised than ``max_exceptions`` allows."""
+
+
+async def gather_trajectory_groups(
+    groups: Iterable[Awaitable[TrajectoryGroup] | TrajectoryGroup],
+    *,
+    pbar_desc: str | None = "gather",
+    max_exceptions: int | float = 0,
+    after_each: AfterEach | None = None,
+    max_concurrent_groups: int | None = None,
+) -> list[TrajectoryGroup]:
+    """Run every group's rollouts at once; return the groups in input order.
+
+    Rollouts that raise are kept in their group's ``exceptions``; once more than
+    ``max_exceptions`` rollouts have raised (a count, or a fraction of all rollouts when < 1)
+    this raises ``TooManyExceptions``. ``after_each`` runs on each finished group (e.g. RULER
+    scoring); returning None drops the group.
+
+    Example:
+        >>> groups = await gather_trajectory_groups(
+        ...     (TrajectoryGroup(rollout(model, s) for _ in range(4)) for s in scenarios),
+        ...     after_each=lambda g: ruler_score_group(g, "judge", swallow_exceptions=True),
+        ... )  # doctest: +SKIP
+    """
+    pending = list(groups)
+    total = sum(g.pending if isinstance(g, TrajectoryGroup) else 1 for g in pending)
+    limit = max_exceptions if max_exceptions >= 1 or max_exceptions == 0 else max_exceptions * total
+    bar = tqdm(total=total, desc=pbar_desc, disable=pbar_desc is None, unit="rollout")
+    stats = {"exceptions": 0, "reward_sum": 0.0, "done": 0, "completion_tokens": 0}
+    semaphore = asyncio.Semaphore(max_concurrent_groups) if max_concurrent_groups else None
+
+    async def one(group: Awaitable[TrajectoryGroup] | TrajectoryGroup) -> TrajectoryGroup | None:
+        if semaphore is not None:
+            async with semaphore:
+                finished = await _run_group(group)
+        else:
+            finished = await _run_group(group)
+        stats["exceptions"] += len(finished.exceptions)
+        for trajectory in finished.trajectories:
+            stats["done"] += 1
+            stats["reward_sum"] += trajectory.reward
+            stats["completion_tokens"] += trajectory.num_completion_tokens
+        bar.update(len(finished.trajectories) + len(finished.exceptions))
+        bar.set_postfix(_postfix(stats), refresh=False)
+        if stats["exceptions"] > limit:
+            last = finished.exceptions[-1] if finished.exceptions else None
+            raise TooManyExceptions(
+                f"{stats['exceptions']} rollouts raised (max_exceptions={max_exceptions}); "
+                f"last: {last.type + ': ' + last.message if last else 'n/a'}"
+            )
+        if after_each is None:
+            return finished
+        result = after_each(finished)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    tasks = [asyncio.ensure_future(one(g)) for g in pending]
+    try:
+        results = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
+    finally:
+        bar.close()
+    return [g for g in results if g is not None]
+
+
+async def _run_group(group: Awaitable[TrajectoryGroup] | TrajectoryGroup) -> TrajectoryGroup:
+    result: Any = await group if not isinstance(group, TrajectoryGroup) else await group.run()
+    if isinstance(result, TrajectoryGroup):
+        return result
+    if isinstance(result, Trajectory):
+        return TrajectoryGroup([result])
+    raise TypeError(f"a group awaited to {type(result).__name__}, not a TrajectoryGroup")
+
+
+def _postfix(stats: dict[str, Any]) -> dict[str, Any]:
+    done = stats["done"]
+    return {
+        "reward": f"{stats['reward_sum'] / done:.3f}" if done else "-",
+        "tokens": stats["completion_tokens"],
+        "exceptions": stats["exceptions"],
+    }

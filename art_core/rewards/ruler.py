@@ -1,0 +1,480 @@
+"""RULER: score the runs of one group relative to each other with any OpenAI-compatible judge.
+
+One judge request per group (never one per run): the runs are shown side by side, so the
+judge can rank them, and GRPO only needs scores that are right *relative to each other*.
+A malformed reply is retried once, then reported as a :class:`RulerError` naming what was
+wrong; a validated verdict is cached on disk so re-scoring the same group is free.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from art_core.rewards.cache import RulerCache, cache_key
+from art_core.rewards.prompt import (
+    DEFAULT_MAX_TOOL_RESULT_CHARS,
+    DEFAULT_RUBRIC,
+    JudgePrompt,
+    Message,
+    build_judge_prompt,
+    unique_tools,
+)
+from art_core.rewards.reply import (
+    RulerError,
+    RulerReplyError,
+    RulerScore,
+    parse_reply,
+    response_format,
+)
+from art_core.trajectories import Trajectory, TrajectoryGroup
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+    from openai.types.chat import ChatCompletion
+
+logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 2  # the first request and exactly one retry
+DEFAULT_TIMEOUT_S = 300.0  # reasoning judges scoring 16 long runs can take minutes
+# Placeholder key for local judges (vLLM, our gateway) that check none: the openai client
+# refuses to start without one.
+_NO_KEY = "EMPTY"
+# Errors a retry cannot fix: bad key, no access, unknown model.
+_FATAL_STATUS = {401, 403, 404}
+
+
+class JudgeModelLike(Protocol):
+    """Anything with a ``name`` (our ``Model``): its ``inference_base_url``,
+    ``inference_api_key`` and ``inference_model_name`` are used when present."""
+
+    @property
+    def name(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class JudgeEndpoint:
+    """Where the judge lives: the model name sent in requests, base URL and API key."""
+
+    model: str
+    base_url: str | None
+    api_key: str
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The outcome of judging one group: a score per input run plus what it cost.
+
+    ``judge_calls`` counts HTTP requests sent (0 when served from the cache, 2 after a retry);
+    token counts are the judge's reported usage summed over those requests.
+    """
+
+    scores: list[RulerScore]
+    judge_model: str
+    judge_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    cache_hit: bool
+    unique_runs: int
+    truncated_tool_results: int
+
+
+def resolve_judge(
+    judge_model: str | JudgeModelLike,
+    judge_base_url: str | None = None,
+    judge_api_key: str | None = None,
+) -> JudgeEndpoint:
+    """Work out the judge's model name, base URL and API key.
+
+    Explicit arguments win, then the attributes of a model object, then ``OPENAI_BASE_URL`` /
+    ``OPENAI_API_KEY`` (as the openai client does). A judge with a base URL but no key gets a
+    placeholder key, since local servers usually check none.
+
+    Example:
+        >>> resolve_judge("qwen3", "http://127.0.0.1:8000/v1").api_key
+        'EMPTY'
+    """
+    name: Any
+    if isinstance(judge_model, str):
+        name, model_url, model_key = judge_model, None, None
+    else:
+        served = getattr(judge_model, "inference_model_name", None)
+        name = served if isinstance(served, str) and served else getattr(judge_model, "name", None)
+        model_url = getattr(judge_model, "inference_base_url", None)
+        model_key = getattr(judge_model, "inference_api_key", None)
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(
+            "judge_model must be a model name or an object with a non-empty `name`, "
+            f"got {judge_model!r}"
+        )
+    base_url = judge_base_url or model_url or os.environ.get("OPENAI_BASE_URL") or None
+    api_key = judge_api_key or model_key or os.environ.get("OPENAI_API_KEY") or None
+    if api_key is None:
+        if base_url is None:
+            raise ValueError(
+                "no API key for the RULER judge: pass judge_api_key, set OPENAI_API_KEY, or "
+                "point judge_base_url at a local OpenAI-compatible server"
+            )
+        api_key = _NO_KEY
+    return JudgeEndpoint(model=name, base_url=base_url, api_key=api_key)
+
+
+def _check_options(rubric: str, max_tool_result_chars: int, timeout: float) -> None:
+    if not isinstance(rubric, str) or not rubric.strip():
+        raise ValueError("rubric must be a non-empty string")
+    if not isinstance(max_tool_result_chars, int) or max_tool_result_chars < 0:
+        raise ValueError(
+            f"max_tool_result_chars must be an int >= 0, got {max_tool_result_chars!r}"
+        )
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"request_timeout must be a positive number of seconds, got {timeout!r}")
+
+
+def _scores_from_completion(
+    completion: ChatCompletion, run_ids: Sequence[str]
+) -> dict[str, RulerScore]:
+    if not completion.choices:
+        raise RulerReplyError("reply has no choices")
+    choice = completion.choices[0]
+    message = choice.message
+    if not message.content and getattr(message, "refusal", None):
+        raise RulerReplyError(f"judge refused: {message.refusal}")
+    try:
+        return parse_reply(message.content, run_ids)
+    except RulerReplyError as exc:
+        if choice.finish_reason == "length":
+            raise RulerReplyError(f"{exc} (the reply was cut off at the token limit)") from exc
+        raise
+
+
+@dataclass
+class _Calls:
+    count: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+
+
+async def _request(
+    client: AsyncOpenAI,
+    endpoint: JudgeEndpoint,
+    prompt: JudgePrompt,
+    *,
+    structured_output: bool,
+    extra_params: Mapping[str, Any],
+    calls: _Calls,
+) -> dict[str, RulerScore]:
+    """Ask the judge, retrying once on anything a retry might fix; raise RulerError after."""
+    import openai
+
+    reasons: list[str] = []
+    use_schema = structured_output
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        kwargs: dict[str, Any] = {}
+        if use_schema:
+            kwargs["response_format"] = response_format(prompt.run_ids)
+        if extra_params:
+            # extra_body passes any judge parameter through (temperature, max_tokens, vLLM's
+            # chat_template_kwargs...) without the client's typed signature rejecting it.
+            kwargs["extra_body"] = dict(extra_params)
+        started = time.perf_counter()
+        calls.count += 1
+        try:
+            completion = await client.chat.completions.create(
+                model=endpoint.model, messages=cast(Any, prompt.messages), **kwargs
+            )
+        except openai.APITimeoutError:
+            reason = f"no reply within {client.timeout} s (timeout)"
+        except openai.APIConnectionError as exc:
+            reason = f"could not reach the judge at {client.base_url}: {exc}"
+        except openai.APIStatusError as exc:
+            reason = f"HTTP {exc.status_code} from the judge: {exc.message}"
+            if exc.status_code in _FATAL_STATUS:
+                raise RulerError(
+                    f"RULER judge {endpoint.model!r} at {client.base_url} rejected the request "
+                    f"({reason}); not retrying",
+                    [f"attempt {attempt}: {reason}"],
+                ) from exc
+            if exc.status_code in (400, 422) and use_schema:
+                # Judges without structured-output support reject response_format; the
+                # prompt spells out the JSON shape, so ask again without it.
+                use_schema = False
+                reason += " (retrying without response_format)"
+        else:
+            if completion.usage is not None:
+                calls.prompt_tokens += completion.usage.prompt_tokens or 0
+                calls.completion_tokens += completion.usage.completion_tokens or 0
+            try:
+                return _scores_from_completion(completion, prompt.run_ids)
+            except RulerReplyError as exc:
+                reason = f"malformed reply: {exc}"
+        finally:
+            calls.latency_s += time.perf_counter() - started
+        reasons.append(f"attempt {attempt}: {reason}")
+        logger.info("RULER judge %s, %s", endpoint.model, reasons[-1])
+    raise RulerError(
+        f"RULER judge {endpoint.model!r} gave no valid scores after {MAX_ATTEMPTS} attempts: "
+        + "; ".join(reasons),
+        reasons,
+    )
+
+
+async def judge_runs(
+    message_lists: Sequence[Sequence[Message]],
+    judge_model: str | JudgeModelLike,
+    *,
+    judge_base_url: str | None = None,
+    judge_api_key: str | None = None,
+    rubric: str = DEFAULT_RUBRIC,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    max_tool_result_chars: int = DEFAULT_MAX_TOOL_RESULT_CHARS,
+    request_timeout: float = DEFAULT_TIMEOUT_S,
+    extra_params: Mapping[str, Any] | None = None,
+    structured_output: bool = True,
+    cache: bool = True,
+    cache_path: str | os.PathLike[str] | None = None,
+) -> Judgement:
+    """Judge a group of runs in one request and report the scores with their cost.
+
+    This is :func:`ruler` plus the bookkeeping (calls, tokens, latency, cache hit).
+
+    Example:
+        >>> j = await judge_runs(runs, "qwen3", judge_base_url="http://127.0.0.1:8000/v1")  # doctest: +SKIP
+        >>> j.judge_calls, [s.score for s in j.scores]  # doctest: +SKIP
+        (1, [0.9, 0.2])
+    """
+    _check_options(rubric, max_tool_result_chars, request_timeout)
+    endpoint = resolve_judge(judge_model, judge_base_url, judge_api_key)
+    prompt = build_judge_prompt(
+        message_lists, rubric=rubric, tools=tools, max_tool_result_chars=max_tool_result_chars
+    )
+    extra = dict(extra_params or {})
+    store = RulerCache(cache_path) if cache else None
+    key = cache_key(
+        judge_model=endpoint.model,
+        rubric=rubric,
+        request={
+            "messages": prompt.messages,
+            "response_format": response_format(prompt.run_ids) if structured_output else None,
+            "extra_params": extra,
+        },
+    )
+
+    by_id: dict[str, RulerScore] | None = None
+    if store is not None:
+        cached = await store.get(key)
+        if cached is not None:
+            try:
+                # Re-validate: the file is outside our control and may be corrupt or edited.
+                by_id = parse_reply(json.dumps(cached), prompt.run_ids)
+            except RulerReplyError as exc:
+                logger.warning("ignoring an invalid RULER cache entry: %s", exc)
+
+    calls = _Calls()
+    if by_id is None:
+        import openai
+
+        async with openai.AsyncOpenAI(
+            base_url=endpoint.base_url,
+            api_key=endpoint.api_key,
+            timeout=request_timeout,
+            max_retries=0,  # retries are ours: exactly one, and only when it can help
+        ) as client:
+            by_id = await _request(
+                client,
+                endpoint,
+                prompt,
+                structured_output=structured_output,
+                extra_params=extra,
+                calls=calls,
+            )
+        if store is not None:
+            await store.put(
+                key, endpoint.model, {"scores": [s.model_dump() for s in by_id.values()]}
+            )
+
+    scores = []
+    for position, run in enumerate(prompt.run_of_input):
+        verdict = by_id[prompt.run_ids[run]]
+        scores.append(
+            RulerScore(
+                trajectory_id=str(position + 1),
+                score=verdict.score,
+                explanation=verdict.explanation,
+            )
+        )
+    return Judgement(
+        scores=scores,
+        judge_model=endpoint.model,
+        judge_calls=calls.count,
+        prompt_tokens=calls.prompt_tokens,
+        completion_tokens=calls.completion_tokens,
+        latency_s=calls.latency_s,
+        cache_hit=calls.count == 0,
+        unique_runs=len(prompt.run_ids),
+        truncated_tool_results=prompt.truncated_tool_results,
+    )
+
+
+async def ruler(
+    message_lists: Sequence[Sequence[Message]],
+    judge_model: str | JudgeModelLike,
+    *,
+    judge_base_url: str | None = None,
+    judge_api_key: str | None = None,
+    rubric: str = DEFAULT_RUBRIC,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    max_tool_result_chars: int = DEFAULT_MAX_TOOL_RESULT_CHARS,
+    request_timeout: float = DEFAULT_TIMEOUT_S,
+    extra_params: Mapping[str, Any] | None = None,
+    structured_output: bool = True,
+    cache: bool = True,
+    cache_path: str | os.PathLike[str] | None = None,
+) -> list[RulerScore]:
+    """Score runs (OpenAI message lists) relative to each other with one judge request.
+
+    Returns one :class:`RulerScore` per input, in input order, ``trajectory_id`` being the
+    1-based position. Identical runs are judged once and share the score. Raises
+    :class:`RulerError` when the judge fails twice (see :func:`ruler_score_group` for the
+    options).
+
+    Example:
+        >>> base = [{"role": "user", "content": "Count to 3."}]
+        >>> scores = await ruler(  # doctest: +SKIP
+        ...     [[*base, {"role": "assistant", "content": "1, 2, 3"}],
+        ...      [*base, {"role": "assistant", "content": "1, 2"}]],
+        ...     "gpt-4.1", judge_base_url="http://127.0.0.1:8000/v1")
+        >>> [s.score for s in scores]  # doctest: +SKIP
+        [1.0, 0.3]
+    """
+    judgement = await judge_runs(
+        message_lists,
+        judge_model,
+        judge_base_url=judge_base_url,
+        judge_api_key=judge_api_key,
+        rubric=rubric,
+        tools=tools,
+        max_tool_result_chars=max_tool_result_chars,
+        request_timeout=request_timeout,
+        extra_params=extra_params,
+        structured_output=structured_output,
+        cache=cache,
+        cache_path=cache_path,
+    )
+    return judgement.scores
+
+
+def _tools_of(trajectory: Trajectory) -> list[dict[str, Any]] | None:
+    if trajectory.tools is not None:
+        return trajectory.tools
+    return trajectory.calls[-1].tools if trajectory.calls else None
+
+
+def apply_judgement(group: TrajectoryGroup, judgement: Judgement) -> None:
+    """Write a judgement into a group: rewards, per-run metrics and logs, group metrics.
+
+    Per trajectory: ``reward`` = the score, ``metrics["ruler_score"]``,
+    ``metrics["independent_reward"]`` (the reward before the first RULER scoring; re-scoring
+    keeps it), and a log line with the explanation. Per group (the judge cost is per group,
+    so it is not repeated on each run): ``ruler_judge_calls``, ``ruler_prompt_tokens``,
+    ``ruler_completion_tokens``, ``ruler_judge_latency_s``, ``ruler_cache_hit``,
+    ``ruler_unique_runs``, ``ruler_truncated_tool_results``.
+    """
+    for trajectory, verdict in zip(group.trajectories, judgement.scores, strict=True):
+        already_scored = "ruler_score" in trajectory.metrics
+        if not (already_scored and "independent_reward" in trajectory.metrics):
+            trajectory.metrics["independent_reward"] = trajectory.reward
+        trajectory.metrics["ruler_score"] = verdict.score
+        trajectory.reward = verdict.score
+        trajectory.log(
+            f"RULER ({judgement.judge_model}) score {verdict.score:.3f}: {verdict.explanation}"
+        )
+    group.metrics.update(
+        {
+            "ruler_judge_calls": judgement.judge_calls,
+            "ruler_prompt_tokens": judgement.prompt_tokens,
+            "ruler_completion_tokens": judgement.completion_tokens,
+            "ruler_judge_latency_s": round(judgement.latency_s, 6),
+            "ruler_cache_hit": judgement.cache_hit,
+            "ruler_unique_runs": judgement.unique_runs,
+            "ruler_truncated_tool_results": judgement.truncated_tool_results,
+        }
+    )
+
+
+async def ruler_score_group(
+    group: TrajectoryGroup,
+    judge_model: str | JudgeModelLike,
+    *,
+    judge_base_url: str | None = None,
+    judge_api_key: str | None = None,
+    rubric: str = DEFAULT_RUBRIC,
+    swallow_exceptions: bool = False,
+    max_tool_result_chars: int = DEFAULT_MAX_TOOL_RESULT_CHARS,
+    request_timeout: float = DEFAULT_TIMEOUT_S,
+    extra_params: Mapping[str, Any] | None = None,
+    structured_output: bool = True,
+    cache: bool = True,
+    cache_path: str | os.PathLike[str] | None = None,
+) -> TrajectoryGroup | None:
+    """Replace each trajectory's reward with its RULER score; return the (same) group.
+
+    The group is changed in place, and only after the judge's reply has been validated: on
+    failure it is left exactly as it was, and either :class:`RulerError` is raised or, with
+    ``swallow_exceptions=True``, None is returned (``gather_trajectory_groups(after_each=...)``
+    then drops the group). Invalid arguments (no API key, empty rubric) always raise.
+
+    Options: ``judge_model`` is a model name or an object with ``name`` /
+    ``inference_base_url`` / ``inference_api_key`` (our ``Model``); the base URL and key fall
+    back to ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``. ``max_tool_result_chars`` caps each tool
+    result in the prompt (0 = no cap); ``request_timeout`` is per request in seconds;
+    ``extra_params`` go into the request body (e.g. ``{"temperature": 0}``);
+    ``structured_output=False`` skips ``response_format`` for judges that lack it;
+    ``cache=False`` disables the disk cache, ``cache_path`` moves it (default
+    ``$ART_CORE_CACHE_DIR/ruler.sqlite`` or ``~/.cache/art_core/ruler.sqlite``). See
+    :func:`apply_judgement` for the metrics written.
+
+    Example:
+        >>> group = await ruler_score_group(  # doctest: +SKIP
+        ...     group, "gpt-4.1", judge_base_url="http://127.0.0.1:8000/v1", swallow_exceptions=True)
+        >>> [t.reward for t in group], group.metrics["ruler_judge_calls"]  # doctest: +SKIP
+        ([0.9, 0.2, 0.55], 1)
+    """
+    if group.pending:
+        raise ValueError(
+            f"the group still has {group.pending} pending rollouts: await it (or use "
+            "gather_trajectory_groups) before scoring"
+        )
+    if not group.trajectories:
+        return group  # nothing to judge; every rollout of this group raised
+    _check_options(rubric, max_tool_result_chars, request_timeout)
+    resolve_judge(judge_model, judge_base_url, judge_api_key)  # configuration errors always raise
+    try:
+        judgement = await judge_runs(
+            [trajectory.messages() for trajectory in group.trajectories],
+            judge_model,
+            judge_base_url=judge_base_url,
+            judge_api_key=judge_api_key,
+            rubric=rubric,
+            tools=unique_tools([_tools_of(t) for t in group.trajectories]) or None,
+            max_tool_result_chars=max_tool_result_chars,
+            request_timeout=request_timeout,
+            extra_params=extra_params,
+            structured_output=structured_output,
+            cache=cache,
+            cache_path=cache_path,
+        )
+    except Exception as exc:
+        if not swallow_exceptions:
+            raise
+        logger.warning("RULER could not score a group of %d runs: %s", len(group), exc)
+        return None
+    apply_judgement(group, judgement)
+    return group

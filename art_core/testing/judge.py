@@ -1,0 +1,235 @@
+"""A stand-in RULER judge: a real OpenAI-compatible HTTP server on loopback, no model.
+
+Tests and benchmarks point RULER (or anything that speaks chat completions) at it. It reads
+the ``<run id="N">`` blocks of the prompt it receives, scores each run with a deterministic
+rule, records every request, and can be scripted to misbehave (reply with prose, the wrong
+number of scores, out-of-range scores, unknown ids, HTTP errors, or too slowly).
+
+The default rule: a run's score is the last ``score-hint: X`` written in it (so a test
+decides the scores through the runs' own text), else ``min(1, characters / 1000)``.
+
+Example:
+    >>> with StandInJudge() as judge:  # doctest: +SKIP
+    ...     scores = asyncio.run(ruler(runs, "judge", judge_base_url=judge.base_url))
+    ...     len(judge.requests)
+    1
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+RUN_RE = re.compile(r'<run id="([^"]+)">\n(.*?)\n</run>', re.DOTALL)
+HINT_RE = re.compile(r"score-hint:\s*([0-9]*\.?[0-9]+)")
+
+# What the judge does with the next request (consumed in order from `StandInJudge.script`):
+#   "ok"            valid JSON scores (the default when the script is empty)
+#   "fenced"        the same JSON inside prose and a ```json fence
+#   "not_json"      prose only
+#   "wrong_count"   one score too few
+#   "out_of_range"  the first score is 1.5
+#   "unknown_id"    the first run id is replaced by "99"
+#   "slow"          valid scores after `slow_s` seconds (longer than a client timeout)
+#   "schema_400"    HTTP 400 if the request has response_format, else "ok"
+#   "http_401"      HTTP 401;  "http_500": HTTP 500
+#   a callable      takes the request body, returns the reply's content string
+Behavior = str | Callable[[dict[str, Any]], str]
+Rule = Callable[[str, str], tuple[float, str]]
+
+
+def hint_rule(run_id: str, text: str) -> tuple[float, str]:
+    """Score a run from its text: the last ``score-hint: X``, else its length over 1000.
+
+    Example:
+        >>> hint_rule("1", "[assistant]\\nDone. score-hint: 0.8")
+        (0.8, 'run 1: 0 tool calls, 0 tool results, hint 0.8')
+    """
+    hints = HINT_RE.findall(text)
+    score = min(1.0, float(hints[-1])) if hints else round(min(1.0, len(text) / 1000), 3)
+    calls = text.count("[tool call #")
+    results = text.count("[tool result ")
+    hint = hints[-1] if hints else "none"
+    return score, f"run {run_id}: {calls} tool calls, {results} tool results, hint {hint}"
+
+
+def count_words(text: str) -> int:
+    """The default token count: whitespace-separated words."""
+    return len(text.split())
+
+
+class StandInJudge:
+    """An OpenAI-compatible judge server on ``127.0.0.1`` (a free port) in a daemon thread.
+
+    ``requests`` holds each request body received, ``headers`` their headers (lower-cased);
+    ``script`` is a queue of behaviors for the next requests. ``reverse=True`` lists the
+    scores in reverse run order, to check that callers match scores by id, not position.
+    """
+
+    def __init__(
+        self,
+        *,
+        rule: Rule = hint_rule,
+        count_tokens: Callable[[str], int] = count_words,
+        reverse: bool = False,
+        slow_s: float = 3.0,
+    ) -> None:
+        self.rule = rule
+        self.count_tokens = count_tokens
+        self.reverse = reverse
+        self.slow_s = slow_s
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.script: list[Behavior] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, e.g. ``http://127.0.0.1:51234/v1``."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def reset(self) -> None:
+        """Forget the recorded requests and the script."""
+        with self._lock:
+            self.requests.clear()
+            self.headers.clear()
+            self.script.clear()
+
+    def start(self) -> StandInJudge:
+        app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", access_log=False
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="stand-in-judge", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the stand-in judge server did not start")
+            time.sleep(0.01)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()  # wakes "slow" handlers so shutdown does not wait for them
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> StandInJudge:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- HTTP handlers -------------------------------------------------------------------
+
+    async def _models(self, request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "stand-in-judge", "object": "model"}]})
+
+    async def _chat(self, request: Request) -> JSONResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "request body is not JSON")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return _error(400, "`messages` must be a list")
+        if not isinstance(body.get("model"), str):
+            return _error(400, "`model` must be a string")
+        with self._lock:
+            self.requests.append(body)
+            self.headers.append({k.lower(): v for k, v in request.headers.items()})
+            behavior: Behavior = self.script.pop(0) if self.script else "ok"
+
+        if behavior == "http_401":
+            return _error(401, "invalid API key")
+        if behavior == "http_500":
+            return _error(500, "the judge crashed")
+        if behavior == "schema_400":
+            if "response_format" in body:
+                return _error(400, "response_format is not supported")
+            behavior = "ok"
+        if behavior == "slow":
+            waited = 0.0
+            while waited < self.slow_s and not self._stopping.is_set():
+                await asyncio.sleep(0.05)
+                waited += 0.05
+            behavior = "ok"
+        content = behavior(body) if callable(behavior) else self._content(body, behavior)
+        prompt_text = "\n".join(str(m.get("content", "")) for m in body["messages"])
+        prompt_tokens = self.count_tokens(prompt_text)
+        completion_tokens = self.count_tokens(content)
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "finish_reason": "stop",
+                        "logprobs": None,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            }
+        )
+
+    def _content(self, body: dict[str, Any], behavior: str) -> str:
+        prompt = "\n".join(str(m.get("content", "")) for m in body["messages"])
+        entries = []
+        for run_id, text in RUN_RE.findall(prompt):
+            score, explanation = self.rule(run_id, text)
+            entries.append({"run_id": run_id, "explanation": explanation, "score": score})
+        if self.reverse:
+            entries.reverse()
+        if behavior == "not_json":
+            return "Run 1 looks best to me; the others made mistakes."
+        if behavior == "wrong_count":
+            entries = entries[:-1]
+        elif behavior == "out_of_range" and entries:
+            entries[0]["score"] = 1.5
+        elif behavior == "unknown_id" and entries:
+            entries[0]["run_id"] = "99"
+        reply = json.dumps({"scores": entries})
+        if behavior == "fenced":
+            return f"Here are my scores.\n\n```json\n{reply}\n```\nLet me know if you need more."
+        if behavior not in ("ok", "wrong_count", "out_of_range", "unknown_id"):
+            raise ValueError(f"unknown stand-in judge behavior {behavior!r}")
+        return reply
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": "invalid_request_error", "code": status}},
+        status_code=status,
+    )

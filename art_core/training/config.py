@@ -1,0 +1,142 @@
+"""What a training step is asked to do (``TrainConfig``) and what it reports (``TrainResult``).
+
+Both are pydantic models so they validate their input, round-trip through JSON and can be
+sent over HTTP by a remote backend unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# The linear projections of Llama/Qwen/Mistral-style decoders: every linear layer of the
+# transformer blocks, the output head excluded (the same default as ART).
+DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+
+
+class TrainConfig(BaseModel):
+    """Hyperparameters of one ``train`` call (one GRPO step, unless asked for more).
+
+    The LoRA fields are fixed when the adapter is created (first step); a later step asking
+    for a different rank, alpha or target modules is an error, not a silent re-init.
+
+    Example:
+        >>> config = TrainConfig(learning_rate=1e-5, loss="cispo", epsilon_high=0.28)
+        >>> config.upper_epsilon
+        0.28
+        >>> TrainConfig.model_validate_json(config.model_dump_json()) == config
+        True
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Optimizer (AdamW on the LoRA weights only).
+    learning_rate: float = Field(5e-6, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0)
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+    max_grad_norm: float | None = Field(
+        1.0, gt=0, description="Clip the global gradient norm to this; None = no clipping."
+    )
+
+    # LoRA adapter.
+    lora_rank: int = Field(8, ge=1)
+    lora_alpha: int = Field(16, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGET_MODULES
+
+    # Objective.
+    loss: Literal["ppo", "cispo"] = Field(
+        "ppo",
+        description="'ppo': clipped ratio objective. 'cispo': clipped, detached importance "
+        "weight times the token logprob (every token keeps a gradient).",
+    )
+    epsilon: float = Field(0.2, gt=0, description="Lower clip range: ratio >= 1 - epsilon.")
+    epsilon_high: float | None = Field(
+        None, gt=0, description="Upper clip range: ratio <= 1 + epsilon_high (None = epsilon)."
+    )
+    truncated_importance_sampling: float | None = Field(
+        None,
+        gt=0,
+        description="Cap C of truncated importance sampling: each token's loss is weighted by "
+        "min(p_trainer / p_sampler, C) to correct the sampler/trainer mismatch. None = off.",
+    )
+    beta: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the base model.")
+    scale_rewards: bool = Field(
+        True, description="Divide advantages by the group's reward std (GRPO); False = Dr. GRPO."
+    )
+
+    # Batching.
+    max_tokens_per_batch: int = Field(
+        4096,
+        ge=16,
+        description="Token budget of one micro-batch (one forward/backward). A sequence longer "
+        "than the budget gets a micro-batch of its own.",
+    )
+    packing: bool = Field(
+        True, description="Pack several sequences per row (attention kept inside each one)."
+    )
+    gradient_checkpointing: bool = False
+
+    # Schedule: by default one optimizer step per ``train`` call, whatever the batch size
+    # (gradients of all micro-batches are accumulated).
+    num_epochs: int = Field(1, ge=1, description="Passes over the trajectories of the call.")
+    optimizer_steps_per_epoch: int = Field(
+        1, ge=1, description="Split each pass into this many optimizer steps (by rollout)."
+    )
+
+    seed: int = 0
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto",
+        description="'auto': bf16 autocast on CUDA with bf16 and on CPUs with native bf16 "
+        "(AVX512-BF16/AMX, ~2x faster there), fp32 otherwise.",
+    )
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> TrainConfig:
+        if not self.lora_target_modules:
+            raise ValueError("lora_target_modules must name at least one module")
+        low, high = self.adam_betas
+        if not (0 <= low < 1 and 0 <= high < 1):
+            raise ValueError(f"adam_betas must lie in [0, 1), got {self.adam_betas}")
+        return self
+
+    @property
+    def upper_epsilon(self) -> float:
+        """The upper clip range: ``epsilon_high`` when set, else ``epsilon``."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    def lora_settings(self) -> dict[str, object]:
+        """The fields that define the adapter's shape, for comparing with a checkpoint."""
+        return {
+            "r": self.lora_rank,
+            "lora_alpha": self.lora_alpha,
+            "target_modules": sorted(self.lora_target_modules),
+        }
+
+
+class TrainResult(BaseModel):
+    """What one ``train`` call produced: the new step, its metrics and its checkpoint folder.
+
+    ``checkpoint_path`` is a standard PEFT adapter folder (loadable with
+    ``PeftModel.from_pretrained``), plus the optimizer state and trainer state.
+
+    Example:
+        >>> result = TrainResult(step=1, metrics={"train/loss": 0.1}, checkpoint_path="/m/0001")
+        >>> TrainResult.model_validate_json(result.model_dump_json()).step
+        1
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int = Field(ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    checkpoint_path: str
