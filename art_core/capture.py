@@ -46,23 +46,31 @@ class Run:
         """An ``openai.AsyncOpenAI`` client whose calls are recorded in this rollout."""
         from openai import AsyncOpenAI
 
-        return AsyncOpenAI(base_url=self.base_url, api_key=self.model.inference_api_key or "art", **kwargs)
+        return AsyncOpenAI(
+            base_url=self.base_url, api_key=self.model.inference_api_key or "art", **kwargs
+        )
 
     def sync_openai_client(self, **kwargs: Any) -> OpenAI:
         """The synchronous ``openai.OpenAI`` equivalent, for sync agent code."""
         from openai import OpenAI
 
-        return OpenAI(base_url=self.base_url, api_key=self.model.inference_api_key or "art", **kwargs)
+        return OpenAI(
+            base_url=self.base_url, api_key=self.model.inference_api_key or "art", **kwargs
+        )
 
     async def fetch_calls(self, *, release: bool = False) -> list[LLMCall]:
         """The calls recorded so far, in the order they were issued."""
-        calls = await self.model.backend._rollout_calls(self.model, self.rollout_id, release=release)
+        calls = await self.model.backend._rollout_calls(
+            self.model, self.rollout_id, release=release
+        )
         return list(calls)
 
     @property
     def calls(self) -> list[LLMCall]:
         if self._final_calls is None:
-            raise RuntimeError("run.calls is available once the capture block has exited; use `await run.fetch_calls()` inside it")
+            raise RuntimeError(
+                "run.calls is available once the capture block has exited; use `await run.fetch_calls()` inside it"
+            )
         return list(self._final_calls)
 
     def trajectory(
@@ -83,9 +91,15 @@ class Run:
         calls = self.calls
         tools = next((c.tools for c in reversed(calls) if c.tools), None)
         return Trajectory(
-            id=self.rollout_id, calls=calls, tools=tools, reward=reward,
-            metrics=dict(metrics or {}), metadata={**self.metadata, **(metadata or {})},
-            logs=list(logs or []), start_time=self.start_time, end_time=self.end_time,
+            id=self.rollout_id,
+            calls=calls,
+            tools=tools,
+            reward=reward,
+            metrics=dict(metrics or {}),
+            metadata={**self.metadata, **(metadata or {})},
+            logs=list(logs or []),
+            start_time=self.start_time,
+            end_time=self.end_time,
         )
 
 

@@ -20,7 +20,9 @@ async def run_demo(question: str, base_model: str, path: str, max_tokens: int) -
         model = art.TrainableModel(name="demo-agent", project="demo", base_model=base_model)
         started = time.perf_counter()
         await model.register(backend)
-        print(f"serving {base_model} at {backend.base_url} (ready in {time.perf_counter() - started:.1f} s)")
+        print(
+            f"serving {base_model} at {backend.base_url} (ready in {time.perf_counter() - started:.1f} s)"
+        )
         async with art.capture(model) as run:
             response = await run.openai_client().chat.completions.create(
                 model=run.model_name,
@@ -41,10 +43,14 @@ async def run_demo(question: str, base_model: str, path: str, max_tokens: int) -
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser("demo", help="talk to the embedded model through the gateway")
-    parser.add_argument("--question", default="What is the capital of France? Answer in one sentence.")
+    parser.add_argument(
+        "--question", default="What is the capital of France? Answer in one sentence."
+    )
     parser.add_argument("--base-model", default="smollm2-135m")
     parser.add_argument("--path", default=".art")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.set_defaults(
-        func=lambda args: asyncio.run(run_demo(args.question, args.base_model, args.path, args.max_tokens)) and 0
+        func=lambda args: (
+            asyncio.run(run_demo(args.question, args.base_model, args.path, args.max_tokens)) and 0
+        )
     )

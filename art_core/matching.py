@@ -25,9 +25,12 @@ def _find(choice: dict[str, Any], store: CallStore) -> LLMCall | None:
     for call in reversed(store.recent_unscoped()):
         if token_ids is not None and call.completion_token_ids == token_ids:
             return call
-        if token_ids is None and call.response_message.get("content") == message.get("content") and (
-            call.response_message.get("tool_calls") or None
-        ) == (message.get("tool_calls") or None):
+        if (
+            token_ids is None
+            and call.response_message.get("content") == message.get("content")
+            and (call.response_message.get("tool_calls") or None)
+            == (message.get("tool_calls") or None)
+        ):
             return call
     return None
 

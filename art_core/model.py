@@ -32,11 +32,19 @@ class Backend(Protocol):
     """What a model needs from the backend it is registered with."""
 
     async def register(self, model: TrainableModel) -> None: ...
-    async def _train(self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig) -> TrainResult: ...
+    async def _train(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+    ) -> TrainResult: ...
     async def _get_step(self, model: TrainableModel) -> int: ...
-    async def _log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> None: ...
-    async def _delete_checkpoints(self, model: TrainableModel, best_checkpoint_metric: str) -> list[int]: ...
-    async def _rollout_calls(self, model: TrainableModel, rollout_id: str, *, release: bool) -> list[Any]: ...
+    async def _log(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], split: str
+    ) -> None: ...
+    async def _delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str
+    ) -> list[int]: ...
+    async def _rollout_calls(
+        self, model: TrainableModel, rollout_id: str, *, release: bool
+    ) -> list[Any]: ...
 
 
 class Model(BaseModel):
@@ -100,7 +108,9 @@ class TrainableModel(Model):
     @property
     def backend(self) -> Backend:
         if self._backend is None:
-            raise RuntimeError(f"model {self.name!r} is not registered: `await model.register(backend)`")
+            raise RuntimeError(
+                f"model {self.name!r} is not registered: `await model.register(backend)`"
+            )
         return self._backend
 
     async def register(self, backend: Backend) -> None:

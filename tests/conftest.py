@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("ART_CORE_MODELS_DIR", str(Path(tempfile.gettempdir()) / "art-core-test-models"))
+os.environ.setdefault(
+    "ART_CORE_MODELS_DIR", str(Path(tempfile.gettempdir()) / "art-core-test-models")
+)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import art_core as art  # noqa: E402
+import art_core as art
 
 WEATHER_TOOL = {
     "type": "function",

@@ -10,13 +10,24 @@ import art_core as art
 
 
 def test_trajectory_json_round_trip_keeps_calls() -> None:
-    call = art.LLMCall(model="m", messages=[{"role": "user", "content": "hi"}], prompt_token_ids=[1, 2],
-                       completion_token_ids=[3, 4], logprobs=[-0.5, -0.25], completion_text="ab",
-                       response_message={"role": "assistant", "content": "ab"})
-    trajectory = art.Trajectory(calls=[call], reward=0.5, metrics={"turns": 1}, metadata={"k": "v"}, logs=["x"])
+    call = art.LLMCall(
+        model="m",
+        messages=[{"role": "user", "content": "hi"}],
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3, 4],
+        logprobs=[-0.5, -0.25],
+        completion_text="ab",
+        response_message={"role": "assistant", "content": "ab"},
+    )
+    trajectory = art.Trajectory(
+        calls=[call], reward=0.5, metrics={"turns": 1}, metadata={"k": "v"}, logs=["x"]
+    )
     loaded = art.Trajectory.model_validate_json(trajectory.model_dump_json())
     assert loaded == trajectory
-    assert loaded.messages() == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ab"}]
+    assert loaded.messages() == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ab"},
+    ]
 
 
 def test_trajectory_rejects_bad_values() -> None:
@@ -41,8 +52,10 @@ async def rollout(reward: float, fail: bool = False) -> art.Trajectory:
 
 async def test_gather_runs_groups_and_counts_exceptions() -> None:
     groups = await art.gather_trajectory_groups(
-        [art.TrajectoryGroup(rollout(r) for r in (0.0, 1.0)),
-         art.TrajectoryGroup([rollout(2.0), rollout(0.0, fail=True)])],
+        [
+            art.TrajectoryGroup(rollout(r) for r in (0.0, 1.0)),
+            art.TrajectoryGroup([rollout(2.0), rollout(0.0, fail=True)]),
+        ],
         max_exceptions=1,
     )
     assert [[t.reward for t in g] for g in groups] == [[0.0, 1.0], [2.0]]
@@ -53,7 +66,8 @@ async def test_gather_runs_groups_and_counts_exceptions() -> None:
 async def test_gather_raises_past_max_exceptions() -> None:
     with pytest.raises(art.TooManyExceptions, match="tool exploded"):
         await art.gather_trajectory_groups(
-            [art.TrajectoryGroup([rollout(1.0, fail=True), rollout(1.0, fail=True)])], max_exceptions=1
+            [art.TrajectoryGroup([rollout(1.0, fail=True), rollout(1.0, fail=True)])],
+            max_exceptions=1,
         )
 
 
@@ -66,7 +80,8 @@ async def test_gather_after_each_can_rescore_or_drop() -> None:
         return group
 
     groups = await art.gather_trajectory_groups(
-        [art.TrajectoryGroup([rollout(1.0)]), art.TrajectoryGroup([rollout(-1.0)])], after_each=judge
+        [art.TrajectoryGroup([rollout(1.0)]), art.TrajectoryGroup([rollout(-1.0)])],
+        after_each=judge,
     )
     assert [[t.reward for t in g] for g in groups] == [[10.0]]
 

@@ -29,8 +29,12 @@ async def test_adapter_swap_changes_outputs_and_records_step(
 ) -> None:
     engine = backend.engine(tiny_model)
     make_adapter(engine.model_path, tmp_path / "a7", seed=1)
-    request = dict(model=tiny_model.name, messages=[{"role": "user", "content": "same prompt"}],
-                   max_tokens=16, temperature=0.0)
+    request = dict(
+        model=tiny_model.name,
+        messages=[{"role": "user", "content": "same prompt"}],
+        max_tokens=16,
+        temperature=0.0,
+    )
 
     async def served(model_name: str) -> tuple[list[int], int]:
         async with art.capture(tiny_model) as run:

@@ -19,20 +19,31 @@ async def three_turn_rollout(model: art.TrainableModel, i: int) -> tuple[art.Tra
         client = run.openai_client()
         messages: list[dict] = [{"role": "user", "content": f"task {i}: weather in Paris?"}]
         first = await client.chat.completions.create(
-            model=run.model_name, messages=messages, tools=[WEATHER_TOOL],
+            model=run.model_name,
+            messages=messages,
+            tools=[WEATHER_TOOL],
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
-            max_tokens=40, temperature=1.0,
+            max_tokens=40,
+            temperature=1.0,
         )
         assistant = first.choices[0].message
         messages.append(assistant.model_dump(exclude_none=True))
-        messages.append({"role": "tool", "tool_call_id": assistant.tool_calls[0].id, "content": f"sunny {i}"})
+        messages.append(
+            {"role": "tool", "tool_call_id": assistant.tool_calls[0].id, "content": f"sunny {i}"}
+        )
         second = await client.chat.completions.create(
-            model=run.model_name, messages=messages, tools=[WEATHER_TOOL], max_tokens=12,
+            model=run.model_name,
+            messages=messages,
+            tools=[WEATHER_TOOL],
+            max_tokens=12,
         )
         messages.append(second.choices[0].message.model_dump(exclude_none=True))
         messages.append({"role": "user", "content": "thanks, anything else?"})
         third = await client.chat.completions.create(
-            model=run.model_name, messages=messages, tools=[WEATHER_TOOL], tool_choice="none",
+            model=run.model_name,
+            messages=messages,
+            tools=[WEATHER_TOOL],
+            tool_choice="none",
             max_tokens=8,
         )
     return run.trajectory(reward=float(i)), [first, second, third]
@@ -54,17 +65,26 @@ async def test_32_concurrent_rollouts_hold_exactly_their_own_calls(
         # the forced call is parsed into OpenAI tool_calls, with the enum-constrained argument
         tool_calls = trajectory.calls[0].response_message["tool_calls"]
         assert tool_calls[0]["function"]["name"] == "get_weather"
-        assert json.loads(tool_calls[0]["function"]["arguments"])["city"] in {"Paris", "Tokyo", "Lima"}
+        assert json.loads(tool_calls[0]["function"]["arguments"])["city"] in {
+            "Paris",
+            "Tokyo",
+            "Lima",
+        }
         assert trajectory.calls[0].finish_reason == "tool_calls"
         for call, response in zip(trajectory.calls, responses, strict=True):
-            assert tokenizer.decode(call.completion_token_ids, skip_special_tokens=False) == call.completion_text
+            assert (
+                tokenizer.decode(call.completion_token_ids, skip_special_tokens=False)
+                == call.completion_text
+            )
             assert len(call.logprobs) == len(call.completion_token_ids)
             assert all(lp <= 0.0 for lp in call.logprobs)
             # what the client received is what was recorded, ids included
             choice = response.choices[0]
             assert choice.model_extra["token_ids"] == call.completion_token_ids
             assert response.model_extra["prompt_token_ids"] == call.prompt_token_ids
-            assert (choice.message.content or None) == (call.response_message.get("content") or None)
+            assert (choice.message.content or None) == (
+                call.response_message.get("content") or None
+            )
         # each turn's prompt begins with the previous turn's exact prompt + sampled ids
         for before, after in zip(trajectory.calls, trajectory.calls[1:], strict=False):
             prefix = before.prompt_token_ids + before.completion_token_ids
@@ -77,8 +97,12 @@ async def test_stream_and_non_stream_record_the_same_call(tiny_model: art.Traina
         async with art.capture(tiny_model) as run:
             client = run.openai_client()
             kwargs = dict(
-                model=run.model_name, messages=[{"role": "user", "content": "Tell me a story"}],
-                max_tokens=24, temperature=1.0, seed=1234, logprobs=True,
+                model=run.model_name,
+                messages=[{"role": "user", "content": "Tell me a story"}],
+                max_tokens=24,
+                temperature=1.0,
+                seed=1234,
+                logprobs=True,
             )
             if stream:
                 text = ""
@@ -99,11 +123,17 @@ async def test_stream_and_non_stream_record_the_same_call(tiny_model: art.Traina
     assert plain_text == streamed_text == a.response_message["content"]
 
 
-async def test_stream_with_forced_tool_call_returns_tool_call_deltas(tiny_model: art.TrainableModel) -> None:
+async def test_stream_with_forced_tool_call_returns_tool_call_deltas(
+    tiny_model: art.TrainableModel,
+) -> None:
     async with art.capture(tiny_model) as run:
         stream = await run.openai_client().chat.completions.create(
-            model=run.model_name, messages=[{"role": "user", "content": "weather?"}],
-            tools=[WEATHER_TOOL], tool_choice="required", max_tokens=60, stream=True,
+            model=run.model_name,
+            messages=[{"role": "user", "content": "weather?"}],
+            tools=[WEATHER_TOOL],
+            tool_choice="required",
+            max_tokens=60,
+            stream=True,
             stream_options={"include_usage": True},
         )
         deltas, usage = [], None
@@ -113,21 +143,28 @@ async def test_stream_with_forced_tool_call_returns_tool_call_deltas(tiny_model:
             for choice in chunk.choices:
                 deltas += choice.delta.tool_calls or []
     [call] = run.trajectory().calls
-    assert [d.function.name for d in deltas] == [t["function"]["name"] for t in call.response_message["tool_calls"]]
+    assert [d.function.name for d in deltas] == [
+        t["function"]["name"] for t in call.response_message["tool_calls"]
+    ]
     assert usage is not None and usage.completion_tokens == len(call.completion_token_ids)
 
 
 async def test_response_format_json_schema_is_enforced(tiny_model: art.TrainableModel) -> None:
     schema = {
         "type": "object",
-        "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "properties": {
+            "answer": {"type": "string", "enum": ["yes", "no"]},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
         "required": ["answer", "n"],
         "additionalProperties": False,
     }
     client = tiny_model.openai_client()
     for _ in range(3):
         response = await client.chat.completions.create(
-            model=tiny_model.name, messages=[{"role": "user", "content": "yes or no?"}], max_tokens=40,
+            model=tiny_model.name,
+            messages=[{"role": "user", "content": "yes or no?"}],
+            max_tokens=40,
             response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
         )
         payload = json.loads(response.choices[0].message.content)
@@ -137,8 +174,13 @@ async def test_response_format_json_schema_is_enforced(tiny_model: art.Trainable
 async def test_tool_choice_none_and_n_choices(tiny_model: art.TrainableModel) -> None:
     async with art.capture(tiny_model) as run:
         response = await run.openai_client().chat.completions.create(
-            model=run.model_name, messages=[{"role": "user", "content": "hi"}], tools=[WEATHER_TOOL],
-            tool_choice="none", n=3, max_tokens=6, seed=7,
+            model=run.model_name,
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[WEATHER_TOOL],
+            tool_choice="none",
+            n=3,
+            max_tokens=6,
+            seed=7,
         )
     assert len(response.choices) == 3
     assert all(c.message.tool_calls is None for c in response.choices)
@@ -147,7 +189,9 @@ async def test_tool_choice_none_and_n_choices(tiny_model: art.TrainableModel) ->
     assert len({tuple(c.completion_token_ids) for c in calls}) > 1  # seeds differ per choice
 
 
-async def test_calls_are_on_disk_as_they_complete(backend: art.LocalBackend, tiny_model: art.TrainableModel) -> None:
+async def test_calls_are_on_disk_as_they_complete(
+    backend: art.LocalBackend, tiny_model: art.TrainableModel
+) -> None:
     async with art.capture(tiny_model) as run:
         await run.openai_client().chat.completions.create(
             model=run.model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
@@ -161,17 +205,35 @@ async def test_calls_are_on_disk_as_they_complete(backend: art.LocalBackend, tin
     assert [c.id for c in on_disk] == [c.id for c in run.trajectory().calls]
 
 
-async def test_plain_v1_calls_match_art_style_trajectories(backend: art.LocalBackend, tiny_model: art.TrainableModel) -> None:
+async def test_plain_v1_calls_match_art_style_trajectories(
+    backend: art.LocalBackend, tiny_model: art.TrainableModel
+) -> None:
     from art_core.matching import attach_recorded_calls
 
     client = tiny_model.openai_client()
     messages = [{"role": "user", "content": "manual rollout"}]
-    response = await client.chat.completions.create(model=tiny_model.name, messages=messages, max_tokens=5)
+    response = await client.chat.completions.create(
+        model=tiny_model.name, messages=messages, max_tokens=5
+    )
     trajectory = art.Trajectory(messages_and_choices=[*messages, response.choices[0]], reward=1.0)
-    trajectory = art.Trajectory.model_validate_json(trajectory.model_dump_json())  # as if saved and loaded
+    trajectory = art.Trajectory.model_validate_json(
+        trajectory.model_dump_json()
+    )  # as if saved and loaded
     attached = attach_recorded_calls(trajectory, backend.store(tiny_model))
-    assert [c.completion_token_ids for c in attached.calls] == [response.choices[0].model_extra["token_ids"]]
-    stranger = art.Trajectory(messages_and_choices=[*messages, {"message": {"role": "assistant", "content": "x"}, "finish_reason": "stop", "index": 0, "token_ids": [1, 2, 3]}])
+    assert [c.completion_token_ids for c in attached.calls] == [
+        response.choices[0].model_extra["token_ids"]
+    ]
+    stranger = art.Trajectory(
+        messages_and_choices=[
+            *messages,
+            {
+                "message": {"role": "assistant", "content": "x"},
+                "finish_reason": "stop",
+                "index": 0,
+                "token_ids": [1, 2, 3],
+            },
+        ]
+    )
     with pytest.raises(ValueError, match=r"messages_and_choices\[1\] matches no call"):
         attach_recorded_calls(stranger, backend.store(tiny_model))
 

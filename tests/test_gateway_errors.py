@@ -9,7 +9,10 @@ from conftest import WEATHER_TOOL
 import art_core as art
 
 GOOD = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-BAD_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": 12}}}}}
+BAD_TOOL = {
+    "type": "function",
+    "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": 12}}}},
+}
 
 CASES = [
     pytest.param(b"{not json", 400, "not valid JSON", id="malformed-json"),
@@ -20,22 +23,58 @@ CASES = [
     pytest.param({**GOOD, "temperature": 7}, 400, "temperature", id="temperature-out-of-range"),
     pytest.param({**GOOD, "model": "nope"}, 404, "does not exist", id="unknown-model"),
     pytest.param({**GOOD, "model": "tiny@99"}, 404, "step", id="unknown-adapter-step"),
-    pytest.param({**GOOD, "tools": [BAD_TOOL]}, 400, "invalid JSON Schema", id="invalid-tool-schema"),
-    pytest.param({**GOOD, "tools": [{"type": "function", "function": {"name": "bad name!"}}]}, 400, "tool names", id="invalid-tool-name"),
-    pytest.param({**GOOD, "tool_choice": {"type": "function", "function": {"name": "other"}}, "tools": [WEATHER_TOOL]}, 400, "not in `tools`", id="tool-choice-unknown"),
-    pytest.param({**GOOD, "tool_choice": "required"}, 400, "needs `tools`", id="required-without-tools"),
+    pytest.param(
+        {**GOOD, "tools": [BAD_TOOL]}, 400, "invalid JSON Schema", id="invalid-tool-schema"
+    ),
+    pytest.param(
+        {**GOOD, "tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+        400,
+        "tool names",
+        id="invalid-tool-name",
+    ),
+    pytest.param(
+        {
+            **GOOD,
+            "tool_choice": {"type": "function", "function": {"name": "other"}},
+            "tools": [WEATHER_TOOL],
+        },
+        400,
+        "not in `tools`",
+        id="tool-choice-unknown",
+    ),
+    pytest.param(
+        {**GOOD, "tool_choice": "required"}, 400, "needs `tools`", id="required-without-tools"
+    ),
     pytest.param({**GOOD, "max_tokens": 0}, 400, "max_tokens", id="max-tokens-zero"),
-    pytest.param({**GOOD, "max_tokens": 10**6}, 400, "exceeds the model's context", id="max-tokens-too-large"),
-    pytest.param({**GOOD, "messages": [{"role": "user", "content": "word " * 5000}]}, 400, "context", id="prompt-too-long"),
-    pytest.param({**GOOD, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role", id="unknown-role"),
+    pytest.param(
+        {**GOOD, "max_tokens": 10**6}, 400, "exceeds the model's context", id="max-tokens-too-large"
+    ),
+    pytest.param(
+        {**GOOD, "messages": [{"role": "user", "content": "word " * 5000}]},
+        400,
+        "context",
+        id="prompt-too-long",
+    ),
+    pytest.param(
+        {**GOOD, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role", id="unknown-role"
+    ),
     pytest.param({**GOOD, "n": 1000}, 400, "n", id="n-too-large"),
-    pytest.param({**GOOD, "response_format": {"type": "json_schema"}}, 400, "json_schema", id="json-schema-missing"),
+    pytest.param(
+        {**GOOD, "response_format": {"type": "json_schema"}},
+        400,
+        "json_schema",
+        id="json-schema-missing",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("body", "status", "needle"), CASES)
 async def test_bad_input_is_rejected_clearly(
-    backend: art.LocalBackend, tiny_model: art.TrainableModel, body: object, status: int, needle: str
+    backend: art.LocalBackend,
+    tiny_model: art.TrainableModel,
+    body: object,
+    status: int,
+    needle: str,
 ) -> None:
     store = backend.store(tiny_model)
     async with art.capture(tiny_model) as run:
@@ -45,7 +84,9 @@ async def test_bad_input_is_rejected_clearly(
         async with httpx.AsyncClient(timeout=60) as http:
             url = f"{run.base_url}/chat/completions"
             if isinstance(body, bytes):
-                response = await http.post(url, content=body, headers={"content-type": "application/json"})
+                response = await http.post(
+                    url, content=body, headers={"content-type": "application/json"}
+                )
             else:
                 response = await http.post(url, json=body)
         assert response.status_code == status, response.text
@@ -57,7 +98,9 @@ async def test_bad_input_is_rejected_clearly(
         assert after.choices[0].finish_reason in ("stop", "length")
     assert store.count() == before + 1
     assert len(run.trajectory().calls) == 2
-    assert [c.id for c in store.load_rollout(run.rollout_id)] == [c.id for c in run.trajectory().calls]
+    assert [c.id for c in store.load_rollout(run.rollout_id)] == [
+        c.id for c in run.trajectory().calls
+    ]
 
 
 async def test_bad_rollout_id_is_rejected(tiny_model: art.TrainableModel) -> None:

@@ -121,7 +121,10 @@ class LocalBackend:
     async def register(self, model: TrainableModel) -> None:
         if model.name in self._models:
             existing = self._models[model.name]
-            if existing.model.base_model != model.base_model or existing.model.project != model.project:
+            if (
+                existing.model.base_model != model.base_model
+                or existing.model.project != model.project
+            ):
                 raise ValueError(f"another model named {model.name!r} is already registered")
             self._bind(model)
             existing.model = model
@@ -140,7 +143,8 @@ class LocalBackend:
                     f"not {model.base_model!r}: use another name or project"
                 )
         atomic_write_text(
-            saved, model.model_dump_json(indent=2, exclude={"inference_api_key", "inference_base_url"})
+            saved,
+            model.model_dump_json(indent=2, exclude={"inference_api_key", "inference_base_url"}),
         )
         base_path = await asyncio.to_thread(resolve_base_model, model.base_model, self.path)
         engine = TransformersEngine(
@@ -152,12 +156,16 @@ class LocalBackend:
             await self.server.call(engine.load_adapter(latest[1], latest[0]))
         store = await asyncio.to_thread(CallStore, folder / "calls.sqlite")
         served = ServedModel(
-            name=model.name, engine=engine, store=store,
+            name=model.name,
+            engine=engine,
+            store=store,
             prompts=PromptBuilder(engine.tokenizer, engine.eos_token_ids),
             default_max_tokens=self.default_max_tokens,
         )
         self.gateway.add(served)
-        self._models[model.name] = _Registered(model=model, folder=folder, base_path=base_path, served=served)
+        self._models[model.name] = _Registered(
+            model=model, folder=folder, base_path=base_path, served=served
+        )
         self._bind(model)
 
     def _bind(self, model: TrainableModel) -> None:
@@ -166,7 +174,9 @@ class LocalBackend:
         model.inference_model_name = model.name
 
     # ------------------------------------------------------------------------------ capture
-    async def _rollout_calls(self, model: TrainableModel, rollout_id: str, *, release: bool) -> list[LLMCall]:
+    async def _rollout_calls(
+        self, model: TrainableModel, rollout_id: str, *, release: bool
+    ) -> list[LLMCall]:
         store = self.store(model)
         return store.release(rollout_id) if release else store.calls_for(rollout_id)
 
@@ -178,11 +188,15 @@ class LocalBackend:
             entry.trainer = Trainer(entry.base_path, entry.folder, device=self.device)
         return entry.trainer
 
-    async def _train(self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig) -> TrainResult:
+    async def _train(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+    ) -> TrainResult:
         entry = self._entry(model)
         store = entry.served.store
         groups = [
-            g.model_copy(update={"trajectories": [attach_recorded_calls(t, store) for t in g.trajectories]})
+            g.model_copy(
+                update={"trajectories": [attach_recorded_calls(t, store) for t in g.trajectories]}
+            )
             for g in groups
         ]
         engine = entry.served.engine
@@ -191,7 +205,9 @@ class LocalBackend:
             await self.server.call(engine.pause())
             try:
                 result = await asyncio.to_thread(trainer.train_step, groups, config)
-                await self.server.call(engine.load_adapter(Path(result.checkpoint_path), result.step))
+                await self.server.call(
+                    engine.load_adapter(Path(result.checkpoint_path), result.step)
+                )
             finally:
                 await self.server.call(engine.resume())
         return result
@@ -208,14 +224,23 @@ class LocalBackend:
         existing = target.read_text() if target.exists() else ""
         await asyncio.to_thread(atomic_write_text, target, existing + lines)
         rewards = [t.reward for g in groups for t in g.trajectories]
-        record: dict[str, Any] = {"step": step, "split": split, "time": time.time(), f"{split}/num_trajectories": len(rewards)}
+        record: dict[str, Any] = {
+            "step": step,
+            "split": split,
+            "time": time.time(),
+            f"{split}/num_trajectories": len(rewards),
+        }
         if rewards:
             record[f"{split}/reward"] = sum(rewards) / len(rewards)
         await asyncio.to_thread(append_line, entry.folder / "history.jsonl", json.dumps(record))
 
-    async def _delete_checkpoints(self, model: TrainableModel, best_checkpoint_metric: str) -> list[int]:
+    async def _delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str
+    ) -> list[int]:
         entry = self._entry(model)
-        return await asyncio.to_thread(self._trainer(entry).delete_checkpoints, best_checkpoint_metric)
+        return await asyncio.to_thread(
+            self._trainer(entry).delete_checkpoints, best_checkpoint_metric
+        )
 
     # ------------------------------------------------------------------------------ shutdown
     async def close(self) -> None:
@@ -230,4 +255,3 @@ class LocalBackend:
         if self._started:
             await asyncio.to_thread(self.server.stop)
             self._started = False
-

@@ -42,7 +42,11 @@ def resolve_base_model(name: str, art_path: str | Path = ".art") -> Path:
         PosixPath('/tmp/art/base_models/tiny-random')
     """
     build = EMBEDDED_MODELS.get(name)
-    if build is None and name.startswith("tiny-random-") and name.removeprefix("tiny-random-").isdigit():
+    if (
+        build is None
+        and name.startswith("tiny-random-")
+        and name.removeprefix("tiny-random-").isdigit()
+    ):
         seed = int(name.removeprefix("tiny-random-"))
 
         def build(folder: Path) -> None:

@@ -89,9 +89,7 @@ class PromptBuilder:
             reverse=True,
         )
 
-    def render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> str:
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         text = self.tokenizer.apply_chat_template(
             messages, tools=tools or None, add_generation_prompt=True, tokenize=False
         )
@@ -124,7 +122,9 @@ class PromptBuilder:
         k = len(previous.messages)
         if len(messages) <= k or (previous.tools or None) != (tools or None):
             return None
-        if messages[:k] != previous.messages or not _same_answer(messages[k], previous.response_message):
+        if messages[:k] != previous.messages or not _same_answer(
+            messages[k], previous.response_message
+        ):
             return None
         before = self.render(previous.messages, tools)
         if not full.startswith(before):

@@ -57,10 +57,24 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AMX or AVX512-BF16), per /proc/cpuinfo."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
 def default_dtype(device: str) -> torch.dtype:
-    if device.startswith("cuda") and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
+    """bf16 where the hardware does it natively, else fp32.
+
+    Decoding is memory-bound: bf16 halves the bytes read per token. On a 2-core Xeon with AMX,
+    smollm2-135m decodes 5-10x faster in bf16 than in fp32.
+    """
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
 class TransformersEngine:
@@ -117,7 +131,7 @@ class TransformersEngine:
             # The model's own template cannot render tools: use ChatML with tool turns.
             tokenizer.chat_template = tool_chat_template()
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
-        model.to(self.device)
+        model.to(self.device)  # type: ignore[arg-type]
         model.eval()
         self.tokenizer = tokenizer
         self._base_model = self.model = model
@@ -267,9 +281,10 @@ class TransformersEngine:
             if pending.future.done():  # cancelled by a disconnected client
                 continue
             pending.adapter = (
-                self._current if pending.request.adapter is None else self._adapters.get(
-                    pending.request.adapter
-                ) or AdapterInfo(name="base", step=0, path=None)
+                self._current
+                if pending.request.adapter is None
+                else self._adapters.get(pending.request.adapter)
+                or AdapterInfo(name="base", step=0, path=None)
             )
             key = pending.adapter.name if pending.adapter else "base"
             n = pending.request.params.n
@@ -403,7 +418,9 @@ class TransformersEngine:
             params = row.params
             scores = logits[j]
             if row.matcher is not None:
-                scores = scores.masked_fill(~self._allowed(row.matcher, scores.shape[0]), -torch.inf)
+                scores = scores.masked_fill(
+                    ~self._allowed(row.matcher, scores.shape[0]), -torch.inf
+                )
             if params.temperature <= 0 or params.top_k == 1:
                 token = int(torch.argmax(scores))
             else:
@@ -455,7 +472,10 @@ class TransformersEngine:
                     row.finish_reason, row.stop_string = "stop", stop
                     return True
         prompt_len = len(row.pending.request.prompt_token_ids)
-        if len(row.tokens) >= params.max_tokens or prompt_len + len(row.tokens) >= self.context_length:
+        if (
+            len(row.tokens) >= params.max_tokens
+            or prompt_len + len(row.tokens) >= self.context_length
+        ):
             row.finish_reason = "length"
             return True
         return False

@@ -50,15 +50,33 @@ class ServedModel:
 
 class APIError(Exception):
     def __init__(
-        self, status: int, message: str, *, type: str = "invalid_request_error",
-        param: str | None = None, code: str | None = None,
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.status, self.message, self.type, self.param, self.code = (
+            status,
+            message,
+            type,
+            param,
+            code,
+        )
 
     def response(self) -> JSONResponse:
         return JSONResponse(
-            {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}},
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.type,
+                    "param": self.param,
+                    "code": self.code,
+                }
+            },
             status_code=self.status,
         )
 
@@ -101,7 +119,9 @@ class Gateway:
         if isinstance(exc, APIError):
             return exc.response()
         logger.exception("internal error on %s", request.url.path)
-        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").response()
+        return APIError(
+            500, f"internal error: {type(exc).__name__}: {exc}", type="server_error"
+        ).response()
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "models": sorted(self.models)})
@@ -120,7 +140,11 @@ class Gateway:
     def _rollout_id(self, request: Request) -> str | None:
         rollout_id = request.path_params.get("rollout_id")
         if rollout_id is not None and not ROLLOUT_ID.match(rollout_id):
-            raise APIError(400, "rollout ids are 1-128 letters, digits, '_', '-', '.' or ':'", param="rollout_id")
+            raise APIError(
+                400,
+                "rollout ids are 1-128 letters, digits, '_', '-', '.' or ':'",
+                param="rollout_id",
+            )
         return rollout_id
 
     def _resolve(self, name: str) -> tuple[ServedModel, str | None]:
@@ -128,15 +152,21 @@ class Gateway:
         served = self.models.get(base)
         if served is None:
             raise APIError(
-                404, f"model {name!r} does not exist; served: {sorted(self.models)}",
-                type="not_found_error", param="model", code="model_not_found",
+                404,
+                f"model {name!r} does not exist; served: {sorted(self.models)}",
+                type="not_found_error",
+                param="model",
+                code="model_not_found",
             )
         if not step:
             return served, None
         if not step.isdigit() or served.engine.adapter(int(step)) is None:
             raise APIError(
-                404, f"no adapter of step {step!r} is loaded for {base!r}",
-                type="not_found_error", param="model", code="model_not_found",
+                404,
+                f"no adapter of step {step!r} is loaded for {base!r}",
+                type="not_found_error",
+                param="model",
+                code="model_not_found",
             )
         adapter = served.engine.adapter(int(step))
         return served, adapter.name if adapter else None
@@ -177,35 +207,58 @@ class Gateway:
         try:
             prompt_ids = await asyncio.to_thread(served.prompts.build, messages, tools, history)
         except Exception as exc:  # a template that cannot render these messages
-            raise APIError(400, f"cannot render the messages with the chat template: {exc}") from None
+            raise APIError(
+                400, f"cannot render the messages with the chat template: {exc}"
+            ) from None
         context = served.engine.context_length
         if len(prompt_ids) >= context:
             raise APIError(
-                400, f"the prompt has {len(prompt_ids)} tokens; the model's context is {context}",
-                param="messages", code="context_length_exceeded",
+                400,
+                f"the prompt has {len(prompt_ids)} tokens; the model's context is {context}",
+                param="messages",
+                code="context_length_exceeded",
             )
         limit = chat.token_limit
         if limit is None:
             limit = min(served.default_max_tokens, context - len(prompt_ids))
         elif len(prompt_ids) + limit > context:
             raise APIError(
-                400, f"max_tokens={limit} plus the prompt's {len(prompt_ids)} tokens exceeds the "
-                f"model's context of {context}", param="max_tokens", code="context_length_exceeded",
+                400,
+                f"max_tokens={limit} plus the prompt's {len(prompt_ids)} tokens exceeds the "
+                f"model's context of {context}",
+                param="max_tokens",
+                code="context_length_exceeded",
             )
         params = SamplingParams(
-            temperature=chat.temperature, top_p=chat.top_p, top_k=chat.top_k, max_tokens=limit,
-            n=chat.n, stop=chat.stop_list, seed=chat.seed, top_logprobs=chat.top_logprobs or 0,
+            temperature=chat.temperature,
+            top_p=chat.top_p,
+            top_k=chat.top_k,
+            max_tokens=limit,
+            n=chat.n,
+            stop=chat.stop_list,
+            seed=chat.seed,
+            top_logprobs=chat.top_logprobs or 0,
             grammar=self._grammar(chat, tools),
         )
         call = _CallContext(
-            served=served, chat=chat, messages=messages, tools=tools, rollout_id=rollout_id,
-            index=served.store.next_index(rollout_id), metadata=metadata,
-            request_params={k: v for k, v in payload.items() if k not in ("messages", "tools", "stream", "stream_options")},
+            served=served,
+            chat=chat,
+            messages=messages,
+            tools=tools,
+            rollout_id=rollout_id,
+            index=served.store.next_index(rollout_id),
+            metadata=metadata,
+            request_params={
+                k: v
+                for k, v in payload.items()
+                if k not in ("messages", "tools", "stream", "stream_options")
+            },
             prompt_ids=prompt_ids,
         )
         if chat.stream:
             return StreamingResponse(
-                self._stream(call, params, adapter), media_type="text/event-stream",
+                self._stream(call, params, adapter),
+                media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
         # Shielded: a client that hangs up does not cancel the sampling or the recording.
@@ -247,7 +300,12 @@ class Gateway:
         head = call.chunk_base()
         head["prompt_token_ids"] = call.prompt_ids
         head["choices"] = [
-            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
             for i in range(params.n)
         ]
         yield _sse(head)
@@ -269,33 +327,56 @@ class Gateway:
                 text = tokenizer.decode(sampled[choice], skip_special_tokens=True)
                 if text.endswith("\ufffd"):
                     continue  # an incomplete UTF-8 sequence: wait for the next token
-                delta = text[len(sent[choice]):]
+                delta = text[len(sent[choice]) :]
                 if delta and text.startswith(sent[choice]):
                     sent[choice] = text
                     chunk = call.chunk_base()
-                    chunk["choices"] = [{"index": choice, "delta": {"content": delta}, "logprobs": None, "finish_reason": None}]
+                    chunk["choices"] = [
+                        {
+                            "index": choice,
+                            "delta": {"content": delta},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ]
                     yield _sse(chunk)
         try:
             calls = task.result()
         except Exception as exc:
             status = 400 if isinstance(exc, EngineError) else 500
-            yield _sse({"error": {"message": str(exc), "type": "invalid_request_error" if status == 400 else "server_error", "code": status}})
+            yield _sse(
+                {
+                    "error": {
+                        "message": str(exc),
+                        "type": "invalid_request_error" if status == 400 else "server_error",
+                        "code": status,
+                    }
+                }
+            )
             yield "data: [DONE]\n\n"
             return
         for recorded in calls:
             message = recorded.response_message
-            delta: dict[str, Any] = {}
+            final: dict[str, Any] = {}
             content = message.get("content") or ""
-            if content[len(sent[recorded.choice_index]):] if incremental else content:
-                delta["content"] = content[len(sent[recorded.choice_index]):] if incremental else content
+            rest = content[len(sent[recorded.choice_index]) :] if incremental else content
+            if rest:
+                final["content"] = rest
             if message.get("tool_calls"):
-                delta["tool_calls"] = [{"index": i, **tc} for i, tc in enumerate(message["tool_calls"])]
+                final["tool_calls"] = [
+                    {"index": i, **tc} for i, tc in enumerate(message["tool_calls"])
+                ]
             chunk = call.chunk_base()
-            chunk["choices"] = [{
-                "index": recorded.choice_index, "delta": delta,
-                "logprobs": call.logprobs_json(recorded), "finish_reason": recorded.finish_reason,
-                "token_ids": recorded.completion_token_ids, "call_id": recorded.id,
-            }]
+            chunk["choices"] = [
+                {
+                    "index": recorded.choice_index,
+                    "delta": final,
+                    "logprobs": call.logprobs_json(recorded),
+                    "finish_reason": recorded.finish_reason,
+                    "token_ids": recorded.completion_token_ids,
+                    "call_id": recorded.id,
+                }
+            ]
             yield _sse(chunk)
         if call.chat.stream_options and call.chat.stream_options.include_usage:
             usage = call.chunk_base()
@@ -312,7 +393,11 @@ def _sse(payload: dict[str, Any]) -> str:
 def _usage(calls: list[LLMCall]) -> dict[str, int]:
     prompt = calls[0].num_prompt_tokens if calls else 0
     completion = sum(c.num_completion_tokens for c in calls)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 @dataclass
@@ -337,7 +422,9 @@ class _CallContext:
     def parses_tools(self) -> bool:
         return bool(self.tools) and self.chat.tool_choice != "none"
 
-    async def run(self, params: SamplingParams, adapter: str | None, on_tokens: Any = None) -> list[LLMCall]:
+    async def run(
+        self, params: SamplingParams, adapter: str | None, on_tokens: Any = None
+    ) -> list[LLMCall]:
         """Sample, then record every choice before anything is returned."""
         started = time.time()
         results = await self.served.engine.generate(
@@ -363,20 +450,35 @@ class _CallContext:
         else:
             message = {"role": "assistant", "content": text}
         return LLMCall(
-            rollout_id=self.rollout_id, index=self.index, choice_index=result.choice_index,
-            model=self.chat.model, adapter_step=result.adapter_step, messages=self.messages,
-            tools=self.tools, request_params=self.request_params, prompt_token_ids=self.prompt_ids,
-            completion_token_ids=result.token_ids, logprobs=result.logprobs,
+            rollout_id=self.rollout_id,
+            index=self.index,
+            choice_index=result.choice_index,
+            model=self.chat.model,
+            adapter_step=result.adapter_step,
+            messages=self.messages,
+            tools=self.tools,
+            request_params=self.request_params,
+            prompt_token_ids=self.prompt_ids,
+            completion_token_ids=result.token_ids,
+            logprobs=result.logprobs,
             completion_text=tokenizer.decode(result.token_ids, skip_special_tokens=False),
-            response_message=message, finish_reason=finish, created_at=started,
-            latency_s=latency, metadata={
+            response_message=message,
+            finish_reason=finish,
+            created_at=started,
+            latency_s=latency,
+            metadata={
                 **self.metadata,
                 **({"top_logprobs": result.top_logprobs} if result.top_logprobs else {}),
             },
         )
 
     def chunk_base(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.chat.model}
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.chat.model,
+        }
 
     def logprobs_json(self, call: LLMCall) -> dict[str, Any] | None:
         if not self.chat.logprobs:
@@ -388,10 +490,12 @@ class _CallContext:
             token = tokenizer.decode([token_id], skip_special_tokens=False)
             return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
-        return {"content": [
-            {**entry(t, lp), "top_logprobs": [entry(i, v) for i, v in alts]}
-            for t, lp, alts in zip(call.completion_token_ids, call.logprobs, top, strict=False)
-        ]}
+        return {
+            "content": [
+                {**entry(t, lp), "top_logprobs": [entry(i, v) for i, v in alts]}
+                for t, lp, alts in zip(call.completion_token_ids, call.logprobs, top, strict=False)
+            ]
+        }
 
     def response(self, calls: list[LLMCall]) -> dict[str, Any]:
         return {
@@ -402,9 +506,12 @@ class _CallContext:
             "system_fingerprint": f"art-step-{calls[0].adapter_step}" if calls else None,
             "choices": [
                 {
-                    "index": c.choice_index, "message": c.response_message,
-                    "logprobs": self.logprobs_json(c), "finish_reason": c.finish_reason,
-                    "token_ids": c.completion_token_ids, "call_id": c.id,
+                    "index": c.choice_index,
+                    "message": c.response_message,
+                    "logprobs": self.logprobs_json(c),
+                    "finish_reason": c.finish_reason,
+                    "token_ids": c.completion_token_ids,
+                    "call_id": c.id,
                     "adapter_step": c.adapter_step,
                 }
                 for c in calls

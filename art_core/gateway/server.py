@@ -54,8 +54,13 @@ class GatewayServer:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         config = uvicorn.Config(
-            self.gateway.app, host=self.host, port=self.port, log_level="warning",
-            lifespan="off", timeout_keep_alive=30, backlog=2048,
+            self.gateway.app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            lifespan="off",
+            timeout_keep_alive=30,
+            backlog=2048,
         )
         self._server = uvicorn.Server(config)
         self.loop.run_until_complete(self._serve())
@@ -64,7 +69,8 @@ class GatewayServer:
         assert self._server is not None
         server = self._server
         serving = asyncio.ensure_future(server.serve())
-        while not server.started and not serving.done():
+        # uvicorn exposes readiness only as a flag, so poll it (at most a few hundred ms).
+        while not server.started and not serving.done():  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         if serving.done() and serving.exception() is not None:
             self._error = serving.exception()
