@@ -37,6 +37,8 @@ class _Pending:
     future: asyncio.Future[list[GenerationResult]]
     loop: asyncio.AbstractEventLoop
     adapter: AdapterInfo | None = None
+    rows: list[_Row] = field(default_factory=list)
+    remaining: int = 0
 
 
 @dataclass
@@ -113,6 +115,7 @@ class TransformersEngine:
         self._adapters: dict[str, AdapterInfo] = {}
         self._current: AdapterInfo | None = None
         self._queue: deque[_Pending] = deque()
+        self._queue_lock = threading.Lock()
         self._wake: asyncio.Event | None = None
         self._model_lock: asyncio.Lock | None = None
         self._paused = False
@@ -165,8 +168,9 @@ class TransformersEngine:
             except asyncio.CancelledError:
                 pass
             self._scheduler = None
-        while self._queue:
-            pending = self._queue.popleft()
+        with self._queue_lock:
+            leftover, self._queue = list(self._queue), deque()
+        for pending in leftover:
             if not pending.future.done():
                 pending.future.set_exception(EngineError("the engine was shut down"))
 
@@ -192,7 +196,8 @@ class TransformersEngine:
         self._check_request(request)
         loop = asyncio.get_running_loop()
         pending = _Pending(request=request, future=loop.create_future(), loop=loop)
-        self._queue.append(pending)
+        with self._queue_lock:
+            self._queue.append(pending)
         self._wake.set()
         return await pending.future
 
@@ -270,32 +275,37 @@ class TransformersEngine:
                         for pending in batch:
                             _resolve(pending, exc)
 
-    def _take_batch(self) -> list[_Pending]:
-        """Pending requests for one adapter, up to ``max_batch_size`` rows."""
+    def _adapter_for(self, pending: _Pending) -> AdapterInfo | None:
+        if pending.request.adapter is None:
+            return self._current
+        return self._adapters.get(pending.request.adapter) or AdapterInfo("base", 0, None)
+
+    def _take_batch(self, key: str | None = None, room: int | None = None) -> list[_Pending]:
+        """Queued requests for one adapter (``key``, or the first one's), up to ``room`` rows.
+
+        Called by the scheduler to start a batch, and by the worker thread between decode
+        steps to let new requests join the running batch.
+        """
+        room = self.max_batch_size if room is None else room
         batch: list[_Pending] = []
         rows = 0
-        first_key: str | None = None
-        skipped: deque[_Pending] = deque()
-        while self._queue:
-            pending = self._queue.popleft()
-            if pending.future.done():  # cancelled by a disconnected client
-                continue
-            pending.adapter = (
-                self._current
-                if pending.request.adapter is None
-                else self._adapters.get(pending.request.adapter)
-                or AdapterInfo(name="base", step=0, path=None)
-            )
-            key = pending.adapter.name if pending.adapter else "base"
-            n = pending.request.params.n
-            if first_key is None:
-                first_key = key
-            if key != first_key or (batch and rows + n > self.max_batch_size):
-                skipped.append(pending)
-                continue
-            batch.append(pending)
-            rows += n
-        self._queue.extendleft(reversed(skipped))
+        with self._queue_lock:
+            kept: deque[_Pending] = deque()
+            while self._queue:
+                pending = self._queue.popleft()
+                if pending.future.done():  # cancelled by a disconnected client
+                    continue
+                adapter = self._adapter_for(pending)
+                name = adapter.name if adapter else "base"
+                key = name if key is None and not batch else key
+                n = pending.request.params.n
+                if name != key or rows + n > room:
+                    kept.append(pending)
+                    continue
+                pending.adapter = adapter
+                batch.append(pending)
+                rows += n
+            self._queue = kept
         return batch
 
     # ----------------------------------------------------------------------------- sampling
@@ -311,52 +321,64 @@ class TransformersEngine:
                 )
         return llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0)
 
-    def _run_batch(self, batch: list[_Pending]) -> None:
+    def _rows(self, batch: list[_Pending]) -> list[_Row]:
         rows: list[_Row] = []
         for pending in batch:
             params = pending.request.params
+            pending.remaining = params.n
             for choice in range(params.n):
                 generator = None
                 if params.seed is not None:
                     generator = torch.Generator(device="cpu").manual_seed(params.seed + choice)
                 matcher = self._matcher(params.grammar) if params.grammar else None
-                rows.append(_Row(pending, choice, params, generator, matcher))
+                row = _Row(pending, choice, params, generator, matcher)
+                pending.rows.append(row)
+                rows.append(row)
+        self.rows_served += len(rows)
+        return rows
+
+    def _run_batch(self, batch: list[_Pending]) -> None:
         adapter = batch[0].adapter
         self.batches_run += 1
-        self.rows_served += len(rows)
+        joined: list[_Pending] = []
         try:
             if adapter is None or adapter.step == 0:
                 if hasattr(self.model, "disable_adapter") and self._adapters:
                     with self.model.disable_adapter():
-                        self._decode(rows)
+                        self._decode(batch, joined)
                 else:
-                    self._decode(rows)
+                    self._decode(batch, joined)
             else:
                 self.model.set_adapter(adapter.name)
-                self._decode(rows)
+                self._decode(batch, joined)
         except Exception as exc:
-            for pending in batch:
+            for pending in batch + joined:
                 _resolve(pending, exc)
-            return
-        step = adapter.step if adapter else 0
-        for pending in batch:
-            results = [
-                GenerationResult(
-                    choice_index=row.choice_index,
-                    token_ids=row.tokens,
-                    logprobs=row.logprobs,
-                    finish_reason=row.finish_reason or "length",
-                    adapter_step=step,
-                    top_logprobs=row.top,
-                    stop_string=row.stop_string,
-                )
-                for row in rows
-                if row.pending is pending
-            ]
-            _resolve(pending, results)
 
-    @torch.inference_mode()
-    def _decode(self, rows: list[_Row]) -> None:
+    def _finish(self, row: _Row) -> None:
+        """A row is done; its request is answered as soon as all its choices are."""
+        pending = row.pending
+        pending.remaining -= 1
+        if pending.remaining:
+            return
+        step = pending.adapter.step if pending.adapter else 0
+        _resolve(
+            pending,
+            [
+                GenerationResult(
+                    choice_index=r.choice_index,
+                    token_ids=r.tokens,
+                    logprobs=r.logprobs,
+                    finish_reason=r.finish_reason or "length",
+                    adapter_step=step,
+                    top_logprobs=r.top,
+                    stop_string=r.stop_string,
+                )
+                for r in pending.rows
+            ],
+        )
+
+    def _prefill(self, rows: list[_Row]) -> _BatchState:
         from transformers import DynamicCache
 
         device = self.device
@@ -382,33 +404,32 @@ class TransformersEngine:
             use_cache=True,
             logits_to_keep=1,
         )
-        active = list(range(len(rows)))
-        last_position = positions[:, -1]
+        return _BatchState(rows, cache, attention, positions[:, -1], out.logits[:, -1, :].float())
+
+    @torch.inference_mode()
+    def _decode(self, batch: list[_Pending], joined: list[_Pending]) -> None:
+        state = self._prefill(self._rows(batch))
+        key = batch[0].adapter.name if batch[0].adapter else "base"
         while True:
-            logits = out.logits[:, -1, :].float()
-            next_ids = self._sample(logits, [rows[i] for i in active])
-            keep: list[int] = []
-            for j, i in enumerate(active):
-                if not self._advance(rows[i], int(next_ids[j])):
-                    keep.append(j)
-            if not keep:
-                return
-            if len(keep) < len(active):  # drop finished rows from the batch and its cache
-                index = torch.tensor(keep, device=device)
-                cache.batch_select_indices(index)
-                attention = attention[index]
-                last_position = last_position[index]
-                next_ids = next_ids[index]
-                active = [active[j] for j in keep]
-            attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
-            last_position = last_position + 1
-            out = self.model(
-                input_ids=next_ids.unsqueeze(1).to(device),
-                attention_mask=attention,
-                position_ids=last_position.unsqueeze(1),
-                past_key_values=cache,
-                use_cache=True,
+            next_ids = self._sample(state.logits, state.rows)
+            keep = [
+                j for j, row in enumerate(state.rows) if not self._advance(row, int(next_ids[j]))
+            ]
+            state.select(keep)
+            if keep:
+                state.step(self.model, next_ids[keep])
+            newcomers = (
+                [] if self._paused else self._take_batch(key, self.max_batch_size - len(keep))
             )
+            if newcomers:
+                joined.extend(newcomers)
+                state = (
+                    state.merge(self._prefill(self._rows(newcomers)))
+                    if keep
+                    else self._prefill(self._rows(newcomers))
+                )
+            elif not keep:
+                return
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         """One token per row, honouring each row's own sampling parameters and grammar."""
@@ -453,7 +474,13 @@ class TransformersEngine:
         return bits.flatten()[:vocab].bool()
 
     def _advance(self, row: _Row, token: int) -> bool:
-        """Record a sampled token; True when the row is finished."""
+        """Record a sampled token; True when the row is finished (and then report it)."""
+        done = self._record(row, token)
+        if done:
+            self._finish(row)
+        return done
+
+    def _record(self, row: _Row, token: int) -> bool:
         row.tokens.append(token)
         callback = row.pending.request.on_tokens
         if callback is not None:
@@ -479,6 +506,70 @@ class TransformersEngine:
             row.finish_reason = "length"
             return True
         return False
+
+
+class _BatchState:
+    """The running batch: its rows, KV cache, attention mask, positions and next logits."""
+
+    def __init__(
+        self,
+        rows: list[_Row],
+        cache: Any,
+        attention: torch.Tensor,
+        positions: torch.Tensor,
+        logits: torch.Tensor,
+    ) -> None:
+        self.rows, self.cache, self.attention, self.positions, self.logits = (
+            rows,
+            cache,
+            attention,
+            positions,
+            logits,
+        )
+
+    def select(self, keep: list[int]) -> None:
+        """Drop finished rows from the batch and from its cache."""
+        if len(keep) == len(self.rows):
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.attention.device)
+        if keep:
+            self.cache.batch_select_indices(index)
+        self.rows = [self.rows[j] for j in keep]
+        self.attention, self.positions = self.attention[index], self.positions[index]
+
+    def step(self, model: Any, next_ids: torch.Tensor) -> None:
+        """Feed each row its sampled token; compute the next logits."""
+        self.attention = torch.cat(
+            [self.attention, self.attention.new_ones((len(self.rows), 1))], dim=1
+        )
+        self.positions = self.positions + 1
+        out = model(
+            input_ids=next_ids.unsqueeze(1).to(self.attention.device),
+            attention_mask=self.attention,
+            position_ids=self.positions.unsqueeze(1),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.logits = out.logits[:, -1, :].float()
+
+    def merge(self, other: _BatchState) -> _BatchState:
+        """Join newly prefilled rows: left-pad the shorter cache so both end at one column."""
+        width = max(self.attention.shape[1], other.attention.shape[1])
+        for state in (self, other):
+            pad = width - state.attention.shape[1]
+            if pad:
+                state.attention = torch.nn.functional.pad(state.attention, (pad, 0))
+                for layer in state.cache.layers:
+                    layer.keys = torch.nn.functional.pad(layer.keys, (0, 0, pad, 0))
+                    layer.values = torch.nn.functional.pad(layer.values, (0, 0, pad, 0))
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.keys = torch.cat([mine.keys, theirs.keys], dim=0)
+            mine.values = torch.cat([mine.values, theirs.values], dim=0)
+        self.rows = self.rows + other.rows
+        self.attention = torch.cat([self.attention, other.attention], dim=0)
+        self.positions = torch.cat([self.positions, other.positions], dim=0)
+        self.logits = torch.cat([self.logits, other.logits], dim=0)
+        return self
 
 
 def _resolve(pending: _Pending, outcome: list[GenerationResult] | BaseException) -> None:

@@ -13,13 +13,20 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from pydantic import ValidationError
 
 from art_core.rewards.prompt import DEFAULT_MAX_TOOL_RESULT_CHARS, DEFAULT_RUBRIC
-from art_core.rewards.ruler import DEFAULT_TIMEOUT_S, ruler_score_group
+from art_core.rewards.ruler import (
+    DEFAULT_TIMEOUT_S,
+    Judgement,
+    apply_judgement,
+    judge_group,
+    resolve_judge,
+)
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
 _EXPLANATION_WIDTH = 70
@@ -47,11 +54,11 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("file", type=Path, help="JSONL: one TrajectoryGroup (or list) per line")
     parser.add_argument("--judge-model", required=True, help="model name sent to the judge")
     parser.add_argument(
-        "--judge-base-url", default=None, help="OpenAI-compatible base URL (default: $OPENAI_BASE_URL)"
+        "--judge-base-url",
+        default=None,
+        help="OpenAI-compatible base URL (default: $OPENAI_BASE_URL)",
     )
-    parser.add_argument(
-        "--judge-api-key", default=None, help="API key (default: $OPENAI_API_KEY)"
-    )
+    parser.add_argument("--judge-api-key", default=None, help="API key (default: $OPENAI_API_KEY)")
     parser.add_argument("--rubric", type=Path, default=None, help="text file replacing the rubric")
     parser.add_argument("--out", type=Path, default=None, help="write the scored groups as JSONL")
     parser.add_argument("--no-cache", action="store_true", help="always ask the judge")
@@ -105,42 +112,55 @@ def _shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def print_table(
-    results: Sequence[tuple[TrajectoryGroup, dict[str, float], str | None]], out: TextIO
-) -> None:
-    """Print one row per run (previous reward, RULER score, explanation) and a line per group."""
-    header = f"{'group':>5}  {'run':>3}  {'trajectory':<18}  {'before':>7}  {'ruler':>6}  explanation"
+@dataclass
+class GroupResult:
+    """One group of the input after scoring: its rewards before, and the verdict or error."""
+
+    group: TrajectoryGroup
+    before: list[float]
+    judgement: Judgement | None = None
+    error: str | None = None
+
+
+def print_table(results: Sequence[GroupResult], out: TextIO) -> None:
+    """Print one row per run (reward before, RULER score, explanation) and a line per group."""
+    header = (
+        f"{'group':>5}  {'run':>3}  {'trajectory':<18}  {'before':>7}  {'ruler':>6}  explanation"
+    )
     out.write(header + "\n" + "-" * len(header) + "\n")
-    for number, (group, before, error) in enumerate(results, start=1):
-        if error is not None:
-            out.write(f"{number:>5}  FAILED: {error}\n")
+    for number, result in enumerate(results, start=1):
+        judgement = result.judgement
+        if judgement is None:
+            out.write(f"{number:>5}  FAILED: {result.error}\n")
             continue
-        for run, trajectory in enumerate(group.trajectories, start=1):
-            explanation = trajectory.logs[-1].split(": ", 1)[-1] if trajectory.logs else ""
+        rows = zip(result.group.trajectories, result.before, judgement.scores, strict=True)
+        for run, (trajectory, before, verdict) in enumerate(rows, start=1):
             out.write(
                 f"{number:>5}  {run:>3}  {_shorten(trajectory.id, 18):<18}  "
-                f"{before[trajectory.id]:>7.3f}  {trajectory.reward:>6.3f}  "
-                f"{_shorten(explanation, _EXPLANATION_WIDTH)}\n"
+                f"{before:>7.3f}  {verdict.score:>6.3f}  "
+                f"{_shorten(verdict.explanation, _EXPLANATION_WIDTH)}\n"
             )
-        m = group.metrics
-        source = "cache" if m["ruler_cache_hit"] else f"{m['ruler_judge_latency_s']:.2f} s"
+        source = "cache" if judgement.cache_hit else f"{judgement.latency_s:.2f} s"
         out.write(
-            f"{'':>5}  group {number}: {m['ruler_judge_calls']} judge call(s), "
-            f"{m['ruler_prompt_tokens']} prompt tokens, {m['ruler_unique_runs']} distinct runs, "
+            f"{'':>5}  group {number}: {judgement.judge_calls} judge call(s), "
+            f"{judgement.prompt_tokens} prompt tokens, {judgement.unique_runs} distinct runs, "
             f"{source}\n"
         )
 
 
 async def _score_all(
     groups: list[TrajectoryGroup], args: argparse.Namespace, rubric: str
-) -> list[tuple[TrajectoryGroup, dict[str, float], str | None]]:
+) -> list[GroupResult]:
     limit = asyncio.Semaphore(max(1, args.concurrency))
 
-    async def score(group: TrajectoryGroup) -> tuple[TrajectoryGroup, dict[str, float], str | None]:
-        before = {t.id: t.reward for t in group.trajectories}
+    async def score(group: TrajectoryGroup) -> GroupResult:
+        result = GroupResult(group, [t.reward for t in group.trajectories])
+        if not group.trajectories:
+            result.error = "the group has no trajectories"
+            return result
         async with limit:
             try:
-                await ruler_score_group(
+                result.judgement = await judge_group(
                     group,
                     args.judge_model,
                     judge_base_url=args.judge_base_url,
@@ -151,11 +171,11 @@ async def _score_all(
                     cache=not args.no_cache,
                     cache_path=args.cache_path,
                 )
-            except ValueError:
-                raise  # bad options: the same for every group
-            except Exception as exc:
-                return group, before, str(exc)
-        return group, before, None
+            except Exception as exc:  # one bad group must not stop the others
+                result.error = str(exc)
+                return result
+        apply_judgement(group, result.judgement)
+        return result
 
     return await asyncio.gather(*(score(group) for group in groups))
 
@@ -169,36 +189,50 @@ def _write_jsonl(path: Path, groups: Sequence[TrajectoryGroup]) -> None:
     tmp.replace(path)
 
 
+def _check_args(args: argparse.Namespace) -> str:
+    """Validate the options up front (so a typo fails once, not per group); return the rubric."""
+    if args.concurrency < 1:
+        raise InputError("--concurrency must be at least 1")
+    if args.max_tool_result_chars < 0:
+        raise InputError("--max-tool-result-chars must be >= 0")
+    if not args.timeout > 0:
+        raise InputError("--timeout must be positive")
+    resolve_judge(args.judge_model, args.judge_base_url, args.judge_api_key)
+    if args.rubric is None:
+        return DEFAULT_RUBRIC
+    try:
+        rubric = args.rubric.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read rubric {args.rubric}: {exc}") from exc
+    if not rubric.strip():
+        raise InputError(f"rubric file {args.rubric} is empty")
+    return rubric
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``art-core ruler``; return the exit code (0 ok, 1 a group failed, 2 bad input)."""
     try:
-        rubric = DEFAULT_RUBRIC
-        if args.rubric is not None:
-            try:
-                rubric = args.rubric.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise InputError(f"cannot read rubric {args.rubric}: {exc}") from exc
+        rubric = _check_args(args)
         groups = read_groups(args.file)
-        results = asyncio.run(_score_all(groups, args, rubric))
-    except (InputError, ValueError) as exc:
+    except ValueError as exc:  # InputError, or resolve_judge's configuration errors
         print(f"art-core ruler: error: {exc}", file=sys.stderr)
         return 2
+    results = asyncio.run(_score_all(groups, args, rubric))
     print_table(results, sys.stdout)
-    failed = [number for number, (_, _, error) in enumerate(results, start=1) if error]
-    scored = [group for group, _, error in results if error is None]
-    calls = sum(int(group.metrics["ruler_judge_calls"]) for group in scored)
-    tokens = sum(int(group.metrics["ruler_prompt_tokens"]) for group in scored)
+    scored = [r for r in results if r.judgement is not None]
+    calls = sum(r.judgement.judge_calls for r in scored if r.judgement)
+    tokens = sum(r.judgement.prompt_tokens for r in scored if r.judgement)
     print(
         f"scored {len(scored)}/{len(results)} groups with {calls} judge call(s), "
         f"{tokens} prompt tokens"
     )
     if args.out is not None:
-        _write_jsonl(args.out, scored)
+        _write_jsonl(args.out, [r.group for r in scored])
         print(f"wrote {len(scored)} scored groups to {args.out}")
+    failed = [str(n) for n, r in enumerate(results, start=1) if r.judgement is None]
     if failed:
         print(
-            f"art-core ruler: {len(failed)} group(s) could not be scored: "
-            + ", ".join(map(str, failed)),
+            f"art-core ruler: {len(failed)} group(s) could not be scored: {', '.join(failed)}",
             file=sys.stderr,
         )
         return 1

@@ -409,6 +409,32 @@ def apply_judgement(group: TrajectoryGroup, judgement: Judgement) -> None:
     )
 
 
+async def judge_group(
+    group: TrajectoryGroup,
+    judge_model: str | JudgeModelLike,
+    **options: Any,
+) -> Judgement:
+    """Judge the trajectories of a group without changing it (see :func:`judge_runs` for the
+    options). The tools shown are the distinct tools of all its trajectories.
+
+    Example:
+        >>> judgement = await judge_group(group, "gpt-4.1")  # doctest: +SKIP
+        >>> apply_judgement(group, judgement)  # doctest: +SKIP
+    """
+    if group.pending:
+        raise ValueError(
+            f"the group still has {group.pending} pending rollouts: await it (or use "
+            "gather_trajectory_groups) before scoring"
+        )
+    tools = unique_tools([_tools_of(t) for t in group.trajectories]) or None
+    return await judge_runs(
+        [trajectory.messages() for trajectory in group.trajectories],
+        judge_model,
+        tools=tools,
+        **options,
+    )
+
+
 async def ruler_score_group(
     group: TrajectoryGroup,
     judge_model: str | JudgeModelLike,
@@ -457,13 +483,12 @@ async def ruler_score_group(
     _check_options(rubric, max_tool_result_chars, request_timeout)
     resolve_judge(judge_model, judge_base_url, judge_api_key)  # configuration errors always raise
     try:
-        judgement = await judge_runs(
-            [trajectory.messages() for trajectory in group.trajectories],
+        judgement = await judge_group(
+            group,
             judge_model,
             judge_base_url=judge_base_url,
             judge_api_key=judge_api_key,
             rubric=rubric,
-            tools=unique_tools([_tools_of(t) for t in group.trajectories]) or None,
             max_tool_result_chars=max_tool_result_chars,
             request_timeout=request_timeout,
             extra_params=extra_params,

@@ -148,7 +148,9 @@ class StandInJudge:
     # -- HTTP handlers -------------------------------------------------------------------
 
     async def _models(self, request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{"id": "stand-in-judge", "object": "model"}]})
+        return JSONResponse(
+            {"object": "list", "data": [{"id": "stand-in-judge", "object": "model"}]}
+        )
 
     async def _chat(self, request: Request) -> JSONResponse:
         try:
