@@ -1,5 +1,8 @@
 """The ``art-core`` command line. Each subcommand lives next to the part it drives and
-registers itself through an ``add_parser(subparsers)`` function listed in ``COMMANDS``."""
+registers itself through an ``add_parser(subparsers)`` function listed in ``COMMANDS``.
+
+Installed integrations add their own subcommands (``art-core mcp ...``) through the
+``art_core.commands`` entry-point group, so the core never imports a framework itself."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
 # module path -> imported lazily, so `art-core --help` stays fast and optional parts stay optional
 COMMANDS: list[str] = [
@@ -26,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # that part is not built yet / not installed
             raise
         module.add_parser(subparsers)
+    for entry_point in entry_points(group="art_core.commands"):
+        entry_point.load()(subparsers)
     return parser
 
 
