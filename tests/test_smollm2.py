@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from conftest import WEATHER_TOOL
+from rollout_checks import WEATHER_TOOL
 
 import art_core as art
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from art_core.embedded.templates import tool_chat_template
 from art_core.engines.base import (
     AdapterInfo,
     EngineError,
@@ -27,6 +26,7 @@ from art_core.engines.base import (
     GenerationResult,
     SamplingParams,
 )
+from art_core.engines.tokenizer import load_chat_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -126,32 +126,17 @@ class TransformersEngine:
     # ----------------------------------------------------------------------------- lifecycle
     def load(self) -> None:
         """Load tokenizer and weights (blocking; ``start`` runs it in a thread)."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
-        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        template = getattr(tokenizer, "chat_template", None) or ""
-        if "tools" not in template:
-            # The model's own template cannot render tools: use ChatML with tool turns.
-            tokenizer.chat_template = tool_chat_template()
+        chat = load_chat_tokenizer(self.model_path)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
         model.to(self.device)  # type: ignore[arg-type]
         model.eval()
-        self.tokenizer = tokenizer
+        self.tokenizer = chat.tokenizer
         self._base_model = self.model = model
-        self.context_length = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
-        eos: set[int] = set()
-        for source in (tokenizer.eos_token_id, model.generation_config.eos_token_id):
-            if isinstance(source, int):
-                eos.add(source)
-            elif isinstance(source, list):
-                eos.update(int(x) for x in source)
-        for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-            token_id = tokenizer.convert_tokens_to_ids(token)
-            if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and token_id >= 0:
-                eos.add(token_id)
-        self._eos_ids = eos
-        pad = tokenizer.pad_token_id
-        self._pad_id = pad if pad is not None else min(eos)
+        self.context_length = chat.context_length
+        self._eos_ids = chat.eos_token_ids
+        self._pad_id = chat.pad_token_id
 
     async def start(self) -> None:
         if self.model is None:
@@ -181,6 +166,10 @@ class TransformersEngine:
     @property
     def current_adapter(self) -> AdapterInfo | None:
         return self._current
+
+    def adapters(self) -> list[AdapterInfo]:
+        """The adapters loaded now, oldest first."""
+        return list(self._adapters.values())
 
     def adapter(self, step: int) -> AdapterInfo | None:
         """The loaded adapter of ``step`` (step 0 is the base model), or None."""

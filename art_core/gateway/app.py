@@ -23,11 +23,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from art_core.engines.base import EngineError, GenerationRequest, GenerationResult, SamplingParams
+from art_core.engines.base import (
+    Engine,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+)
 from art_core.engines.grammar import json_grammar, tool_call_grammar
 from art_core.engines.prompts import PromptBuilder, normalize_message
 from art_core.engines.tool_calls import parse_tool_calls
-from art_core.engines.transformers_engine import TransformersEngine
 from art_core.gateway.schemas import ChatCompletionRequest, NamedToolChoice
 from art_core.gateway.store import CallStore
 from art_core.trajectories import LLMCall, new_id
@@ -42,7 +47,7 @@ class ServedModel:
     """A model the gateway serves: its engine, prompt builder and call record."""
 
     name: str
-    engine: TransformersEngine
+    engine: Engine
     store: CallStore
     prompts: PromptBuilder
     default_max_tokens: int = 1024
@@ -130,9 +135,7 @@ class Gateway:
         self._rollout_id(request)
         data = []
         for served in self.models.values():
-            names = [served.name] + [
-                f"{served.name}@{a.step}" for a in served.engine._adapters.values()
-            ]
+            names = [served.name] + [f"{served.name}@{a.step}" for a in served.engine.adapters()]
             data += [{"id": n, "object": "model", "created": 0, "owned_by": "art"} for n in names]
         return JSONResponse({"object": "list", "data": data})
 

@@ -1,0 +1,35 @@
+"""``art-core engines``: which inference engines can run here, and installing vLLM's runtime."""
+
+from __future__ import annotations
+
+import argparse
+
+from art_core.engines.vllm_runtime import has_cuda, install_vllm_runtime, runtime_kind, vllm_status
+
+
+def report() -> int:
+    """Print each engine's availability and what ``engine="auto"`` picks.
+
+    Example:
+        >>> report()  # doctest: +SKIP
+    """
+    from art_core.backends.local import choose_engine
+
+    status = vllm_status()
+    device = "CUDA" if has_cuda() else "CPU"
+    print(f"transformers  available  in-process, {device}")
+    print(f"vllm          {'available' if status.available else 'missing  '}  {status.reason}")
+    print(f"auto -> {choose_engine()}")
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser("engines", help="list inference engines; install vLLM's runtime")
+    parser.set_defaults(func=lambda args: report())
+    actions = parser.add_subparsers(dest="action")
+    install = actions.add_parser("install", help="create the vLLM runtime environment")
+    install.add_argument("engine", choices=["vllm"])
+    install.add_argument(
+        "--kind", choices=["cpu", "cuda"], default=None, help=f"default: {runtime_kind()}"
+    )
+    install.set_defaults(func=lambda args: print(install_vllm_runtime(args.kind, quiet=False)) or 0)

@@ -1,0 +1,57 @@
+"""Loading a chat tokenizer the same way for every engine: template with tools, end tokens."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from art_core.embedded.templates import tool_chat_template
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
+
+
+@dataclass
+class ChatTokenizer:
+    tokenizer: Any
+    eos_token_ids: set[int]
+    pad_token_id: int
+    context_length: int
+
+
+def load_chat_tokenizer(model_path: Path) -> ChatTokenizer:
+    """The model folder's tokenizer, with a tool-capable template and its end-of-turn ids.
+
+    A model whose own template cannot render tools gets the shipped ChatML tool template, so
+    every engine renders prompts identically.
+
+    Example:
+        >>> chat = load_chat_tokenizer(Path(".art/base_models/tiny-random"))  # doctest: +SKIP
+        >>> sorted(chat.eos_token_ids)  # doctest: +SKIP
+        [0, 2]
+    """
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if "tools" not in (getattr(tokenizer, "chat_template", None) or ""):
+        tokenizer.chat_template = tool_chat_template()
+    eos: set[int] = set()
+    sources: list[Any] = [tokenizer.eos_token_id]
+    if (Path(model_path) / "generation_config.json").is_file():
+        sources.append(GenerationConfig.from_pretrained(model_path).eos_token_id)
+    for source in sources:
+        if isinstance(source, int):
+            eos.add(source)
+        elif isinstance(source, list):
+            eos.update(int(x) for x in source)
+    for token in END_OF_TURN_TOKENS:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id >= 0 and token_id != tokenizer.unk_token_id:
+            eos.add(token_id)
+    if not eos:
+        raise ValueError(f"{model_path}: the tokenizer defines no end-of-sequence token")
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    context = int(config.get("max_position_embeddings") or 2048)
+    pad = tokenizer.pad_token_id
+    return ChatTokenizer(tokenizer, eos, pad if pad is not None else min(eos), context)
