@@ -1,0 +1,132 @@
+"""Engines benchmark: vLLM vs the transformers engine, same model, same rollouts, one run.
+
+A rollout is two calls through the gateway (a forced tool call, then an answer to the tool
+result), as an agent makes them. For 1, 8 and 32 concurrent rollouts it prints tokens/s and
+rollouts/s for each engine and their ratio, then the time to hot-swap a LoRA adapter.
+
+Usage: bash run.sh bench engines [--base-model smollm2-135m] [--concurrency 1 8 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import art_core as art
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {"topic": {"type": "string", "enum": ["sea", "sky", "sand"]}},
+            "required": ["topic"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+async def rollout(model: art.TrainableModel, i: int, max_tokens: int) -> int:
+    async with art.capture(model) as run:
+        client = run.openai_client()
+        messages: list[dict[str, Any]] = [{"role": "user", "content": f"Write about topic #{i}."}]
+        first = await client.chat.completions.create(
+            model=run.model_name,
+            messages=messages,
+            tools=[TOOL],
+            tool_choice="required",
+            max_tokens=40,
+            seed=i,
+        )
+        call = first.choices[0].message.tool_calls[0]
+        messages += [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "Waves, salt and wind."},
+        ]
+        await client.chat.completions.create(
+            model=run.model_name,
+            messages=messages,
+            tools=[TOOL],
+            max_tokens=max_tokens,
+            seed=i,
+            temperature=1.0,
+        )
+    return run.trajectory().num_completion_tokens
+
+
+def make_adapter(base: Path, folder: Path) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=16, target_modules="all-linear")
+    )
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.01)
+    model.save_pretrained(folder)
+
+
+async def measure(
+    engine: str, base_model: str, levels: list[int], max_tokens: int
+) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"art-bench-{engine}-"))
+    async with art.LocalBackend(path=work, engine=engine) as backend:
+        model = art.TrainableModel(name=f"bench-{engine}", project="bench", base_model=base_model)
+        started = time.perf_counter()
+        await model.register(backend)
+        out: dict[str, Any] = {"start_s": time.perf_counter() - started}
+        await rollout(model, 0, 8)  # warm-up
+        for n in levels:
+            started = time.perf_counter()
+            tokens = sum(await asyncio.gather(*(rollout(model, i, max_tokens) for i in range(n))))
+            wall = time.perf_counter() - started
+            out[n] = (tokens / wall, n / wall)
+        engine_obj = backend.engine(model)
+        await asyncio.to_thread(make_adapter, Path(engine_obj.model_path), work / "adapter")
+        swaps = []
+        for step in (1, 2, 3):
+            started = time.perf_counter()
+            await backend.server.call(engine_obj.load_adapter(work / "adapter", step))
+            swaps.append(time.perf_counter() - started)
+        out["swap_s"] = sorted(swaps)[1]
+    return out
+
+
+async def main(base_model: str, levels: list[int], max_tokens: int) -> None:
+    results = {
+        e: await measure(e, base_model, levels, max_tokens) for e in ("transformers", "vllm")
+    }
+    t, v = results["transformers"], results["vllm"]
+    print(
+        f"\nengines benchmark: {base_model}, rollouts of 2 calls (forced tool call + answer of <= {max_tokens} tokens)"
+    )
+    print(
+        f"\n{'concurrent':>10} | {'transformers tok/s':>18} {'rollouts/s':>10} | {'vLLM tok/s':>10} {'rollouts/s':>10} | {'vLLM / tf':>9}"
+    )
+    for n in levels:
+        print(
+            f"{n:>10} | {t[n][0]:>18.1f} {t[n][1]:>10.2f} | {v[n][0]:>10.1f} {v[n][1]:>10.2f} | {v[n][0] / t[n][0]:>8.2f}x"
+        )
+    print(f"\n{'engine start (s)':<22}{t['start_s']:>10.1f}{v['start_s']:>12.1f}")
+    print(
+        f"{'adapter swap (s)':<22}{t['swap_s']:>10.3f}{v['swap_s']:>12.3f}   (transformers | vLLM)"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--base-model", default="smollm2-135m")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+    asyncio.run(main(args.base_model, args.concurrency, args.max_tokens))
