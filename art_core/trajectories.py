@@ -203,6 +203,10 @@ class TrajectoryGroup(BaseModel):
         done: list[Any] = []
         pending: list[Awaitable[Trajectory]] = []
         errors: list[RolloutException] = []
+        if isinstance(trajectories, str | bytes | dict) or not isinstance(trajectories, Iterable):
+            # pydantic calls this __init__ for nested data too: a ValueError becomes a clean
+            # validation error naming the field, where a TypeError would escape as a crash.
+            raise ValueError("trajectories must be a list of trajectories")
         for item in trajectories:
             if isinstance(item, BaseException):
                 errors.append(RolloutException.from_exception(item))
@@ -211,7 +215,7 @@ class TrajectoryGroup(BaseModel):
             elif hasattr(item, "__await__"):
                 pending.append(item)
             else:
-                raise TypeError(
+                raise ValueError(
                     "a TrajectoryGroup holds Trajectory objects or awaitables of them, "
                     f"got {type(item).__name__}"
                 )

@@ -90,3 +90,11 @@ async def test_group_json_round_trip_and_await() -> None:
     group = await art.TrajectoryGroup([rollout(1.0), art.Trajectory(reward=0.0)])
     loaded = art.TrajectoryGroup.model_validate_json(group.model_dump_json())
     assert sorted(t.reward for t in loaded) == [0.0, 1.0]
+
+
+def test_malformed_group_payload_is_a_validation_error() -> None:
+    import pydantic
+
+    for payload in ({"trajectories": 3}, {"trajectories": [5]}, {"trajectories": "abc"}):
+        with pytest.raises(pydantic.ValidationError, match="trajectories"):
+            art.TrajectoryGroup.model_validate(payload)

@@ -108,3 +108,15 @@ async def test_bad_rollout_id_is_rejected(tiny_model: art.TrainableModel) -> Non
     async with httpx.AsyncClient() as http:
         response = await http.post(f"{root}/rollouts/{'x' * 300}/v1/chat/completions", json=GOOD)
     assert response.status_code == 400 and "rollout ids" in response.json()["error"]["message"]
+
+
+async def test_errors_keep_the_connection_alive(tiny_model: art.TrainableModel) -> None:
+    """A 4xx answer must not close the client's keep-alive connection (no reset under load)."""
+    url = f"{tiny_model.inference_base_url}/chat/completions"
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+        for _ in range(5):
+            bad = await http.post(url, json={**GOOD, "model": "nope"})
+            good = await http.post(url, json=GOOD)
+            assert (bad.status_code, good.status_code) == (404, 200)
+            assert bad.headers.get("connection", "keep-alive").lower() != "close"
