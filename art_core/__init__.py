@@ -6,25 +6,38 @@ Example:
     >>> # await model.register(art.LocalBackend()); async with art.capture(model) as run: ...
 """
 
+from typing import TYPE_CHECKING
+
 from art_core.backends.local import LocalBackend
+from art_core.backends.remote import RemoteBackend
 from art_core.capture import Run, capture, current_run
 from art_core.gather import TooManyExceptions, gather_trajectory_groups
 from art_core.model import Model, TrainableModel
 from art_core.trajectories import LLMCall, RolloutException, Trajectory, TrajectoryGroup
 
+if TYPE_CHECKING:  # imported lazily below; these lines give type checkers the real types
+    from art_core.rewards import DEFAULT_RUBRIC, ruler, ruler_score_group
+    from art_core.training.config import TrainConfig, TrainResult
+
 __all__ = [
+    "DEFAULT_RUBRIC",
     "LLMCall",
     "LocalBackend",
     "Model",
+    "RemoteBackend",
     "RolloutException",
     "Run",
     "TooManyExceptions",
+    "TrainConfig",
+    "TrainResult",
     "TrainableModel",
     "Trajectory",
     "TrajectoryGroup",
     "capture",
     "current_run",
     "gather_trajectory_groups",
+    "ruler",
+    "ruler_score_group",
 ]
 
 

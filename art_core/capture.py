@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from art_core.tracing import hooks as tracing
 from art_core.trajectories import LLMCall, Trajectory, new_id
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class Run:
         """
         calls = self.calls
         tools = next((c.tools for c in reversed(calls) if c.tools), None)
-        return Trajectory(
+        trajectory = Trajectory(
             id=self.rollout_id,
             calls=calls,
             tools=tools,
@@ -101,6 +102,8 @@ class Run:
             start_time=self.start_time,
             end_time=self.end_time,
         )
+        tracing.trajectory_built(self, trajectory)
+        return trajectory
 
 
 @asynccontextmanager
@@ -116,10 +119,17 @@ async def capture(
         >>> trajectory = run.trajectory(reward=1.0)  # doctest: +SKIP
     """
     run = Run(model, rollout_id or new_id("rollout"), dict(metadata or {}))
+    tracing.run_started(run)
     token = _current_run.set(run)
+    error: Exception | None = None
     try:
         yield run
+    except Exception as exc:
+        error = exc
+        raise
     finally:
         _current_run.reset(token)
         run.end_time = time.time()
         run._final_calls = await run.fetch_calls(release=True)
+        if error is not None:
+            tracing.run_failed(run, error)

@@ -9,6 +9,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from art_core.tracing import hooks as tracing
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
 AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None] | TrajectoryGroup | None]
@@ -47,6 +48,7 @@ async def gather_trajectory_groups(
     semaphore = asyncio.Semaphore(max_concurrent_groups) if max_concurrent_groups else None
 
     async def one(group: Awaitable[TrajectoryGroup] | TrajectoryGroup) -> TrajectoryGroup | None:
+        tracing.gathering()  # this task's rollouts are traced once after_each has run
         if semaphore is not None:
             async with semaphore:
                 finished = await _run_group(group)
@@ -66,10 +68,12 @@ async def gather_trajectory_groups(
                 f"last: {last.type + ': ' + last.message if last else 'n/a'}"
             )
         if after_each is None:
+            tracing.group_finished(finished, finished)
             return finished
         result = after_each(finished)
         if inspect.isawaitable(result):
             result = await result
+        tracing.group_finished(finished, result)
         return result
 
     tasks = [asyncio.ensure_future(one(g)) for g in pending]

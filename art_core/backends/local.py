@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from art_core.gateway.app import Gateway, ServedModel
 from art_core.gateway.server import GatewayServer
 from art_core.gateway.store import CallStore
 from art_core.matching import attach_recorded_calls
+from art_core.tracing import hooks as tracing
 from art_core.trajectories import LLMCall, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -128,6 +130,16 @@ class LocalBackend:
         """The record of every call served for ``model``."""
         return self._entry(model).served.store
 
+    async def start(self) -> None:
+        """Start the gateway now (``register`` does it on first use); a service calls this.
+
+        Example:
+            >>> await LocalBackend(path=".art", port=7999).start()  # doctest: +SKIP
+        """
+        if not self._started:
+            await asyncio.to_thread(self.server.start)
+            self._started = True
+
     # ------------------------------------------------------------------------------ register
     async def register(self, model: TrainableModel) -> None:
         if model.name in self._models:
@@ -140,9 +152,7 @@ class LocalBackend:
             self._bind(model)
             existing.model = model
             return
-        if not self._started:
-            await asyncio.to_thread(self.server.start)
-            self._started = True
+        await self.start()
         folder = self.model_folder(model)
         folder.mkdir(parents=True, exist_ok=True)
         saved = folder / "model.json"
@@ -204,8 +214,15 @@ class LocalBackend:
         return entry.trainer
 
     async def _train(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> TrainResult:
+        """One training step; ``on_progress`` gets the trainer's per-batch records (in its
+        worker thread), e.g. to stream them to a remote client."""
         entry = self._entry(model)
         store = entry.served.store
         groups = [
@@ -215,16 +232,20 @@ class LocalBackend:
             for g in groups
         ]
         engine = entry.served.engine
+        started = time.time()
         async with entry.train_lock:
             trainer = self._trainer(entry)
             await self.server.call(engine.pause())
             try:
-                result = await asyncio.to_thread(trainer.train_step, groups, config)
+                result = await asyncio.to_thread(
+                    trainer.train_step, groups, config, on_progress=on_progress
+                )
                 await self.server.call(
                     engine.load_adapter(Path(result.checkpoint_path), result.step)
                 )
             finally:
                 await self.server.call(engine.resume())
+        tracing.train_step_finished(model, groups, config, result, started)
         return result
 
     async def _get_step(self, model: TrainableModel) -> int:
@@ -248,6 +269,7 @@ class LocalBackend:
         if rewards:
             record[f"{split}/reward"] = sum(rewards) / len(rewards)
         await asyncio.to_thread(append_line, entry.folder / "history.jsonl", json.dumps(record))
+        tracing.history_logged(model, record)
 
     async def _delete_checkpoints(
         self, model: TrainableModel, best_checkpoint_metric: str

@@ -29,8 +29,18 @@ class GatewayServer:
         'http://127.0.0.1:40123'
     """
 
-    def __init__(self, gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        app: Any | None = None,
+    ) -> None:
         self.gateway = gateway
+        # The ASGI app served: the gateway's own, or a service wrapping it (``art-core serve``
+        # mounts the gateway next to its API on one port); settable until ``start``.
+        self.app: Any = gateway.app if app is None else app
         self.host = host
         self.port = port
         self.loop = asyncio.new_event_loop()
@@ -54,7 +64,7 @@ class GatewayServer:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         config = uvicorn.Config(
-            self.gateway.app,
+            self.app,
             host=self.host,
             port=self.port,
             log_level="warning",

@@ -40,62 +40,69 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Optimizer (AdamW on the LoRA weights only).
-    learning_rate: float = Field(5e-6, gt=0, description="AdamW learning rate.")
-    weight_decay: float = Field(0.0, ge=0)
+    learning_rate: float = Field(default=5e-6, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0)
     adam_betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float | None = Field(
-        1.0, gt=0, description="Clip the global gradient norm to this; None = no clipping."
+        default=1.0, gt=0, description="Clip the global gradient norm to this; None = no clipping."
     )
 
     # LoRA adapter.
-    lora_rank: int = Field(8, ge=1)
-    lora_alpha: int = Field(16, ge=1)
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_rank: int = Field(default=8, ge=1)
+    lora_alpha: int = Field(default=16, ge=1)
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
     lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGET_MODULES
 
     # Objective.
     loss: Literal["ppo", "cispo"] = Field(
-        "ppo",
+        default="ppo",
         description="'ppo': clipped ratio objective. 'cispo': clipped, detached importance "
         "weight times the token logprob (every token keeps a gradient).",
     )
-    epsilon: float = Field(0.2, gt=0, description="Lower clip range: ratio >= 1 - epsilon.")
+    epsilon: float = Field(default=0.2, gt=0, description="Lower clip range: ratio >= 1 - epsilon.")
     epsilon_high: float | None = Field(
-        None, gt=0, description="Upper clip range: ratio <= 1 + epsilon_high (None = epsilon)."
+        default=None,
+        gt=0,
+        description="Upper clip range: ratio <= 1 + epsilon_high (None = epsilon).",
     )
     truncated_importance_sampling: float | None = Field(
-        None,
+        default=None,
         gt=0,
         description="Cap C of truncated importance sampling: each token's loss is weighted by "
         "min(p_trainer / p_sampler, C) to correct the sampler/trainer mismatch. None = off.",
     )
-    beta: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the base model.")
+    beta: float = Field(
+        default=0.0, ge=0, description="Weight of the k3 KL penalty to the base model."
+    )
     scale_rewards: bool = Field(
-        True, description="Divide advantages by the group's reward std (GRPO); False = Dr. GRPO."
+        default=True,
+        description="Divide advantages by the group's reward std (GRPO); False = Dr. GRPO.",
     )
 
     # Batching.
     max_tokens_per_batch: int = Field(
-        4096,
+        default=4096,
         ge=16,
         description="Token budget of one micro-batch (one forward/backward). A sequence longer "
         "than the budget gets a micro-batch of its own.",
     )
     packing: bool = Field(
-        True, description="Pack several sequences per row (attention kept inside each one)."
+        default=True, description="Pack several sequences per row (attention kept inside each one)."
     )
     gradient_checkpointing: bool = False
 
     # Schedule: by default one optimizer step per ``train`` call, whatever the batch size
     # (gradients of all micro-batches are accumulated).
-    num_epochs: int = Field(1, ge=1, description="Passes over the trajectories of the call.")
+    num_epochs: int = Field(
+        default=1, ge=1, description="Passes over the trajectories of the call."
+    )
     optimizer_steps_per_epoch: int = Field(
-        1, ge=1, description="Split each pass into this many optimizer steps (by rollout)."
+        default=1, ge=1, description="Split each pass into this many optimizer steps (by rollout)."
     )
 
     seed: int = 0
     precision: Literal["auto", "bf16", "fp32"] = Field(
-        "auto",
+        default="auto",
         description="'auto': bf16 autocast on CUDA with bf16 and on CPUs with native bf16 "
         "(AVX512-BF16/AMX, ~2x faster there), fp32 otherwise.",
     )

@@ -1,0 +1,385 @@
+"""``RemoteBackend``: the ``LocalBackend`` API against an ``art-core serve`` server over HTTP.
+
+Rollouts talk to the server's gateway directly (``model.inference_base_url`` points there,
+the token is the API key); ``register``, ``train``, ``get_step``, ``log``,
+``delete_checkpoints`` and the capture of rollout calls go through its ``/api``.
+
+A training step runs on the server as a job of its own. Its progress streams back as
+newline-delimited JSON (one record per micro-batch and optimizer step, then the result) and
+drives a progress bar. If the connection drops, the step goes on; the client reattaches to
+the job's stream (or reads its outcome) until ``reconnect_timeout``. The job id is chosen
+here, so a request retried after a drop attaches to the same job and never trains twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import httpx
+from tqdm.auto import tqdm
+
+from art_core.tracing import hooks as tracing
+from art_core.trajectories import LLMCall, TrajectoryGroup, new_id
+
+if TYPE_CHECKING:
+    from art_core.model import TrainableModel
+    from art_core.training.config import TrainConfig, TrainResult
+
+TOKEN_ENV = "ART_CORE_TOKEN"
+ProgressCallback = Callable[[dict[str, Any]], None]
+# Connection-level failures after which the request may or may not have reached the server.
+_DROPPED = (httpx.TransportError,)
+# Failures where the request certainly was not processed: safe to resend anything.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_RETRY_STATUS = frozenset({502, 503, 504})
+
+
+class RemoteError(RuntimeError):
+    """The server answered with an error (``status``, its message, the field it names)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status, self.message, self.param = status, message, param
+
+
+class RemoteInvalidRequest(RemoteError, ValueError):
+    """400/409/413/422: the request itself is wrong (a ``ValueError``, as locally)."""
+
+
+class RemoteAuthError(RemoteError, PermissionError):
+    """401: missing or wrong token."""
+
+
+class TrainingInterrupted(RuntimeError):
+    """The server stopped during the step; the model stayed at its previous step."""
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json().get("error") or {}
+        message, param = str(error.get("message", response.text)), error.get("param")
+    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+        message, param = response.text[:500], None
+    status = response.status_code
+    if status == 401:
+        raise RemoteAuthError(status, message, param)
+    if status in (400, 409, 413, 422):
+        raise RemoteInvalidRequest(status, message, param)
+    raise RemoteError(status, message, param)
+
+
+class RemoteBackend:
+    """Serve and train models on an ``art-core serve`` server.
+
+    Example:
+        >>> backend = RemoteBackend("http://gpu-box:7999", token=os.environ["ART_CORE_TOKEN"])
+        >>> model = art.TrainableModel(name="agent-001", project="demo", base_model="smollm2-135m")
+        >>> await model.register(backend)  # doctest: +SKIP
+        >>> async with art.capture(model) as run: ...  # rollouts use the server's gateway  # doctest: +SKIP
+        >>> await model.train(groups)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:7999",
+        token: str | None = None,
+        *,
+        timeout: float = 60.0,
+        reconnect_timeout: float = 600.0,
+        progress: bool = True,
+        on_progress: ProgressCallback | None = None,
+    ) -> None:
+        root = base_url.rstrip("/").removesuffix("/v1").rstrip("/")
+        if not root.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        self.root = root
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        self.timeout = timeout
+        self.reconnect_timeout = reconnect_timeout
+        self.progress = progress
+        # Called with every progress record of every training step (after the progress bar).
+        self.on_progress = on_progress
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    async def __aenter__(self) -> RemoteBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def base_url(self) -> str:
+        """The server's OpenAI base URL (``.../v1``), which rollouts use."""
+        return f"{self.root}/v1"
+
+    # ------------------------------------------------------------------------------ http
+    def _http(self) -> httpx.AsyncClient:
+        # An httpx client belongs to the event loop it first ran on: one per loop.
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            self._client = httpx.AsyncClient(
+                base_url=self.root,
+                headers=headers,
+                timeout=httpx.Timeout(self.timeout, connect=10.0),
+            )
+            self._client_loop = loop
+        return self._client
+
+    async def _request(
+        self, method: str, path: str, body: Any = None, *, idempotent: bool, attempts: int = 6
+    ) -> Any:
+        """Send a request; resend it after connection failures when that is safe."""
+        content = None if body is None else json.dumps(body).encode()
+        headers = {"content-type": "application/json"} if content is not None else None
+        delay = 0.25
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
+            try:
+                response = await self._http().request(
+                    method, path, content=content, headers=headers
+                )
+            except _NOT_SENT:
+                if last:
+                    raise
+            except _DROPPED:
+                if last or not idempotent:
+                    raise
+            else:
+                if response.status_code not in _RETRY_STATUS or last:
+                    _raise_for(response)
+                    return response.json()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _model_path(model: TrainableModel) -> str:
+        return f"/api/models/{quote(model.project, safe='')}/{quote(model.name, safe='')}"
+
+    # ------------------------------------------------------------------------------ register
+    async def register(self, model: TrainableModel) -> None:
+        """Load ``model`` on the server (resuming from its latest checkpoint) and point its
+        inference settings at the server's gateway."""
+        info = await self._request(
+            "POST",
+            "/api/models/register",
+            {
+                "name": model.name,
+                "project": model.project,
+                "base_model": model.base_model,
+                "config": model.config,
+            },
+            idempotent=True,  # registering twice is the same as once
+        )
+        model.inference_base_url = self.base_url
+        model.inference_api_key = self.token or model.inference_api_key or "art-remote"
+        model.inference_model_name = str(info.get("inference_model_name") or model.name)
+
+    # ------------------------------------------------------------------------------ capture
+    async def _rollout_calls(
+        self, model: TrainableModel, rollout_id: str, *, release: bool
+    ) -> list[LLMCall]:
+        path = f"{self._model_path(model)}/rollouts/{quote(rollout_id, safe='')}"
+        if release:
+            # Safe to resend: a released rollout is read back from the server's disk record.
+            data = await self._request("POST", f"{path}/release", {}, idempotent=True)
+        else:
+            data = await self._request("GET", f"{path}/calls", idempotent=True)
+        return [LLMCall.model_validate(call) for call in data["calls"]]
+
+    # ------------------------------------------------------------------------------ training
+    async def _train(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> TrainResult:
+        from art_core.training.config import TrainResult
+
+        pending = sum(g.pending for g in groups)
+        if pending:
+            raise ValueError(
+                f"{pending} rollouts of these groups have not run: await the groups "
+                "(or use gather_trajectory_groups) before training"
+            )
+        job_id = new_id("job")
+        payload = {
+            "job_id": job_id,
+            "groups": [g.model_dump(mode="json") for g in groups],
+            "config": config.model_dump(mode="json"),
+        }
+        callbacks = [c for c in (self.on_progress, on_progress) if c is not None]
+
+        def report(event: dict[str, Any]) -> None:
+            for callback in callbacks:
+                callback(event)
+
+        bar = tqdm(
+            total=None,
+            desc=f"train {model.name}",
+            unit="batch",
+            disable=not self.progress,
+            leave=False,
+        )
+        started = time.time()
+        try:
+            outcome = await self._follow_job(model, job_id, payload, bar, report)
+        finally:
+            bar.close()
+        result = TrainResult.model_validate(outcome)
+        # Traces and metrics go where the rollouts were traced: this process, not the server.
+        tracing.train_step_finished(model, groups, config, result, started)
+        return result
+
+    async def _follow_job(
+        self,
+        model: TrainableModel,
+        job_id: str,
+        payload: dict[str, Any],
+        bar: Any,
+        report: ProgressCallback,
+    ) -> dict[str, Any]:
+        """Start (or attach to) the job and follow its stream to the outcome, reattaching
+        after dropped connections until the server has been unreachable for
+        ``reconnect_timeout``."""
+        content = json.dumps(payload).encode()
+        seen = 0  # the next progress event wanted
+        accepted = False  # the server acknowledged the job
+        deadline = time.monotonic() + self.reconnect_timeout
+        delay = 0.25
+        while True:
+            if accepted:
+                request = self._http().build_request(
+                    "GET", f"/api/jobs/{job_id}/events", params={"after": seen}
+                )
+            else:
+                request = self._http().build_request(
+                    "POST",
+                    f"{self._model_path(model)}/train",
+                    content=content,
+                    headers={"content-type": "application/json"},
+                )
+            try:
+                response = await self._http().send(request, stream=True)
+                try:
+                    if response.status_code == 404 and accepted:
+                        raise RemoteError(404, f"the server lost job {job_id}")
+                    if response.status_code >= 400 and response.status_code not in _RETRY_STATUS:
+                        await response.aread()
+                        _raise_for(response)
+                    if response.status_code < 400:
+                        async for line in response.aiter_lines():
+                            if not line.strip():
+                                continue
+                            event = json.loads(line)
+                            kind = event.get("event")
+                            seq = event.get("seq")
+                            # The server is reachable (heartbeats count): the clock and the
+                            # backoff restart from here for the next drop.
+                            deadline = time.monotonic() + self.reconnect_timeout
+                            delay = 0.25
+                            if kind == "result":
+                                return dict(event["result"])
+                            if kind == "error":
+                                raise self._job_error(event)
+                            if isinstance(seq, int):
+                                if seq < seen:
+                                    continue  # replayed after a reattach
+                                seen = seq + 1
+                                accepted = True
+                            self._show(event, bar, model)
+                            if kind not in ("heartbeat", "job"):
+                                report(event)
+                finally:
+                    await response.aclose()
+            except _DROPPED:
+                pass  # the step goes on server-side: reattach below
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"lost the connection to {self.root} during training job {job_id} for "
+                    f"{self.reconnect_timeout:.0f} s; the server may still finish it: "
+                    f"await backend.job_status({job_id!r})"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    @staticmethod
+    def _job_error(event: dict[str, Any]) -> Exception:
+        error = event.get("error") or {}
+        kind, message = str(error.get("type", "Error")), str(error.get("message", ""))
+        if event.get("status") == "interrupted" or kind == "TrainingInterrupted":
+            return TrainingInterrupted(message)
+        if kind in ("ValueError", "TypeError"):
+            return ValueError(f"training failed on the server: {kind}: {message}")
+        return RuntimeError(f"training failed on the server: {kind}: {message}")
+
+    @staticmethod
+    def _show(event: dict[str, Any], bar: Any, model: TrainableModel) -> None:
+        kind = event.get("event")
+        if kind == "started":
+            bar.set_description(f"train {model.name} step {int(event.get('step', 0)) + 1}")
+        elif kind == "micro_batch":
+            total = event.get("num_micro_batches")
+            if isinstance(total, int) and bar.total != total:
+                bar.total = total
+                bar.refresh()
+            bar.update(1)
+            if isinstance(event.get("loss"), int | float):
+                bar.set_postfix(loss=f"{event['loss']:.4f}")
+
+    async def job_status(self, job_id: str) -> dict[str, Any]:
+        """A training job's status and outcome (``succeeded`` / ``failed`` / ``interrupted``).
+
+        Example:
+            >>> (await backend.job_status("job_3f9c..."))["status"]  # doctest: +SKIP
+            'succeeded'
+        """
+        result: dict[str, Any] = await self._request(
+            "GET", f"/api/jobs/{quote(job_id, safe='')}", idempotent=True
+        )
+        return result
+
+    # ------------------------------------------------------------------------------ the rest
+    async def _get_step(self, model: TrainableModel) -> int:
+        data = await self._request("GET", f"{self._model_path(model)}/step", idempotent=True)
+        return int(data["step"])
+
+    async def _log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> None:
+        await self._request(
+            "POST",
+            f"{self._model_path(model)}/log",
+            {"groups": [g.model_dump(mode="json") for g in groups], "split": split},
+            idempotent=False,  # appends: resent only when it surely did not arrive
+        )
+
+    async def _delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str
+    ) -> list[int]:
+        data = await self._request(
+            "POST",
+            f"{self._model_path(model)}/delete_checkpoints",
+            {"best_checkpoint_metric": best_checkpoint_metric},
+            idempotent=True,  # deleting what is already gone deletes nothing more
+        )
+        return [int(step) for step in data["deleted"]]
+
+    async def close(self) -> None:
+        """Close the HTTP connections (the server and its models keep running)."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            try:
+                await client.aclose()
+            except RuntimeError:  # its event loop is gone already
+                pass

@@ -1,0 +1,234 @@
+"""The backend API under ``/api``: what ``RemoteBackend`` calls.
+
+``POST /api/models/register``; per model (``/api/models/{project}/{name}``): ``GET``,
+``GET /step``, ``POST /train`` (NDJSON progress, then the result), ``POST /log``,
+``POST /delete_checkpoints``, ``GET /rollouts/{id}/calls``, ``POST /rollouts/{id}/release``;
+``GET /api/jobs/{id}`` and ``GET /api/jobs/{id}/events?after=N`` (reattach to a job's stream);
+``GET /api/info``. Errors use the gateway's ``{"error": {...}}`` shape; 422 names the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from art_core.gateway.app import ROLLOUT_ID
+from art_core.server.errors import error_body, validation_body
+from art_core.server.jobs import Job
+from art_core.server.schemas import (
+    DeleteCheckpointsRequest,
+    FieldError,
+    LogRequest,
+    RegisterRequest,
+    TrainRequest,
+    to_groups,
+)
+from art_core.server.service import Conflict, NotFound, Service
+from art_core.trajectories import LLMCall
+
+logger = logging.getLogger(__name__)
+Handler = Callable[[Request], Awaitable[Response]]
+NDJSON = "application/x-ndjson"
+MODEL = "/api/models/{project}/{name}"
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    # json.dumps rather than JSONResponse: a recorded logprob of -inf must not become a 500.
+    return Response(json.dumps(data), status_code=status, media_type="application/json")
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def _errors(handler: Handler) -> Handler:
+    """Map every expected failure to a 4xx with a clear body; anything else is a bug (500)."""
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ValidationError as exc:
+            return json_response(validation_body(exc), 422)
+        except FieldError as exc:
+            body = error_body(
+                f"invalid request: {exc.field}: {exc.message}",
+                type="invalid_request_error",
+                param=exc.field,
+                code="validation_error",
+            )
+            body["detail"] = [{"field": exc.field, "message": exc.message}]
+            return json_response(body, 422)
+        except BadRequest as exc:
+            return json_response(
+                error_body(exc.message, type="invalid_request_error", param=exc.param), exc.status
+            )
+        except NotFound as exc:
+            return json_response(error_body(str(exc), type="not_found_error"), 404)
+        except Conflict as exc:
+            return json_response(error_body(str(exc), type="conflict_error"), 409)
+
+    return wrapped
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        payload = json.loads(raw) if raw else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(400, f"the body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise BadRequest(400, "the body must be a JSON object")
+    return payload
+
+
+def _rollout_id(request: Request) -> str:
+    rollout_id = str(request.path_params["rollout_id"])
+    if not ROLLOUT_ID.match(rollout_id):
+        raise FieldError(
+            "path.rollout_id", "rollout ids are 1-128 letters, digits, '_', '-', '.' or ':'"
+        )
+    return rollout_id
+
+
+def _after(request: Request) -> int:
+    raw = request.query_params.get("after", "0")
+    if not raw.isdigit() or len(raw) > 9:
+        raise FieldError("query.after", "must be a non-negative integer")
+    return int(raw)
+
+
+def _calls_json(calls: list[LLMCall]) -> dict[str, Any]:
+    return {"calls": [call.model_dump(mode="json") for call in calls]}
+
+
+class ServiceAPI:
+    """Starlette routes over a ``Service``.
+
+    Example:
+        >>> routes = ServiceAPI(service).routes  # doctest: +SKIP
+    """
+
+    def __init__(self, service: Service, *, heartbeat_s: float = 10.0) -> None:
+        self.service = service
+        self.heartbeat_s = heartbeat_s
+        self.routes = [
+            Route("/api/info", _errors(self.info), methods=["GET"]),
+            Route("/api/models/register", _errors(self.register), methods=["POST"]),
+            Route(MODEL, _errors(self.get_model), methods=["GET"]),
+            Route(f"{MODEL}/step", _errors(self.step), methods=["GET"]),
+            Route(f"{MODEL}/train", _errors(self.train), methods=["POST"]),
+            Route(f"{MODEL}/log", _errors(self.log), methods=["POST"]),
+            Route(
+                f"{MODEL}/delete_checkpoints", _errors(self.delete_checkpoints), methods=["POST"]
+            ),
+            Route(f"{MODEL}/rollouts/{{rollout_id}}/calls", _errors(self.calls), methods=["GET"]),
+            Route(
+                f"{MODEL}/rollouts/{{rollout_id}}/release", _errors(self.release), methods=["POST"]
+            ),
+            Route("/api/jobs/{job_id}", _errors(self.job), methods=["GET"]),
+            Route("/api/jobs/{job_id}/events", _errors(self.job_events), methods=["GET"]),
+        ]
+
+    async def _model(self, request: Request) -> Any:
+        return await self.service.model(
+            str(request.path_params["project"]), str(request.path_params["name"])
+        )
+
+    # ------------------------------------------------------------------------------ models
+    async def info(self, request: Request) -> Response:
+        return json_response(
+            {
+                "service": "art-core",
+                "models": self.service.registry.names(),
+                "loaded": sorted(self.service.models),
+                "auth": self.service.settings.token is not None,
+            }
+        )
+
+    async def register(self, request: Request) -> Response:
+        body = RegisterRequest.model_validate(await _json_body(request))
+        model = await self.service.register(body)
+        step = await self.service.backend._get_step(model)
+        return json_response(self.service.model_info(model, step))
+
+    async def get_model(self, request: Request) -> Response:
+        model = await self._model(request)
+        step = await self.service.backend._get_step(model)
+        return json_response(self.service.model_info(model, step))
+
+    async def step(self, request: Request) -> Response:
+        model = await self._model(request)
+        return json_response({"step": await self.service.backend._get_step(model)})
+
+    async def log(self, request: Request) -> Response:
+        body = LogRequest.model_validate(await _json_body(request))
+        model = await self._model(request)
+        groups = to_groups(body.groups)
+        await self.service.backend._log(model, groups, body.split)
+        return json_response({"logged": sum(len(g.trajectories) for g in groups)})
+
+    async def delete_checkpoints(self, request: Request) -> Response:
+        body = DeleteCheckpointsRequest.model_validate(await _json_body(request))
+        model = await self._model(request)
+        deleted = await self.service.delete_checkpoints(model, body.best_checkpoint_metric)
+        return json_response({"deleted": deleted})
+
+    async def calls(self, request: Request) -> Response:
+        rollout_id = _rollout_id(request)
+        model = await self._model(request)
+        calls = await self.service.backend._rollout_calls(model, rollout_id, release=False)
+        return json_response(_calls_json(calls))
+
+    async def release(self, request: Request) -> Response:
+        rollout_id = _rollout_id(request)
+        model = await self._model(request)
+        calls = await self.service.backend._rollout_calls(model, rollout_id, release=True)
+        if not calls:
+            # Released already (a retried request) or served before a restart: the calls
+            # are on disk, written as they completed.
+            store = self.service.backend.store(model)
+            calls = await asyncio.to_thread(store.load_rollout, rollout_id)
+        return json_response(_calls_json(calls))
+
+    # ------------------------------------------------------------------------------ training
+    async def train(self, request: Request) -> Response:
+        body = TrainRequest.model_validate(await _json_body(request))
+        model = await self._model(request)
+        job = await self.service.start_training(model, body)
+        return self._stream(job, _after(request))
+
+    async def job(self, request: Request) -> Response:
+        return json_response(self._job(request).summary())
+
+    async def job_events(self, request: Request) -> Response:
+        return self._stream(self._job(request), _after(request))
+
+    def _job(self, request: Request) -> Job:
+        job_id = str(request.path_params["job_id"])
+        job = self.service.jobs.get(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r} on this server")
+        return job
+
+    def _stream(self, job: Job, after: int) -> Response:
+        async def lines() -> AsyncIterator[bytes]:
+            # Cancelled when the client hangs up; the job's own task is not.
+            async for event in job.follow(after, self.heartbeat_s):
+                record = event if event is not None else {"event": "heartbeat"}
+                yield (json.dumps(record) + "\n").encode()
+
+        return StreamingResponse(
+            lines(),
+            media_type=NDJSON,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Job-Id": job.id},
+        )

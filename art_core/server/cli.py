@@ -1,0 +1,187 @@
+"""``art-core serve``: run engine, gateway and trainer as a service for ``RemoteBackend``.
+
+    art-core serve --host 127.0.0.1 --port 7999 --path .art [--token T]
+
+One port carries the OpenAI gateway (``/v1``, ``/rollouts/{id}/v1``) and the backend API
+(``/api``). Off loopback a bearer token is required: pass ``--token`` (or set
+``ART_CORE_TOKEN``, which keeps it out of the process list) or one is generated and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from art_core.backends.local import LocalBackend
+from art_core.server.app import build_app
+from art_core.server.service import Service
+from art_core.server.settings import ServeSettings, is_loopback
+
+TOKEN_ENV = "ART_CORE_TOKEN"
+
+
+def _say(message: str) -> None:
+    print(f"art-core serve: {message}", flush=True)
+
+
+async def serve(settings: ServeSettings, stop: asyncio.Event | None = None) -> int:
+    """Serve until ``stop`` is set (or SIGINT/SIGTERM); training in progress is finished first.
+
+    Example:
+        >>> asyncio.run(serve(ServeSettings(port=7999)))  # doctest: +SKIP
+    """
+    backend = LocalBackend(
+        path=settings.path,
+        host=settings.host,
+        port=settings.port,
+        device=settings.device,
+        dtype=settings.dtype,
+        max_batch_size=settings.max_batch_size,
+        default_max_tokens=settings.default_max_tokens,
+    )
+    service = Service(backend, settings)
+    backend.server.app = build_app(service)
+    try:
+        await backend.start()
+    except (RuntimeError, TimeoutError) as exc:
+        _say(f"cannot listen on {settings.host}:{settings.port}: {exc}")
+        return 1
+    host = settings.host if ":" not in settings.host else f"[{settings.host}]"
+    url = f"http://{host}:{backend.server.port}"
+    _say(f"art folder {settings.path}")
+    if settings.token is None:
+        _say("no token: only this machine can connect (loopback)")
+    elif settings.token_generated:
+        _say(f"token {settings.token} (generated; choose one with --token or ${TOKEN_ENV})")
+    if not is_loopback(settings.host):
+        _say("plain HTTP: put TLS in front of it (reverse proxy or SSH tunnel) across networks")
+    _say(f"listening on {url}")
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            os._exit(130)  # a second Ctrl-C: do not wait for the training step
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal)
+        except (NotImplementedError, RuntimeError):  # not the main thread / not Unix
+            pass
+    await stop.wait()
+    _say("stopping (finishing training in progress; Ctrl-C again to quit now)")
+    await backend.server.call(service.drain())
+    await backend.close()
+    _say("stopped")
+    return 0
+
+
+def settings_from_args(args: argparse.Namespace) -> ServeSettings:
+    """``ServeSettings`` from parsed ``serve`` arguments (the token may come from the env)."""
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    return ServeSettings(
+        host=args.host,
+        port=args.port,
+        path=Path(args.path).resolve(),
+        token=token,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_pending=args.max_pending,
+        retry_after_s=args.retry_after,
+        cors_origins=list(args.cors_origin or []),
+        allowed_base_models=list(args.allow_base_model or []),
+        device=args.device,
+        dtype=args.dtype,
+        max_batch_size=args.max_batch_size,
+        default_max_tokens=args.default_max_tokens,
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+        settings.resolved_token()
+    except ValueError as exc:
+        _say(str(exc))
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return asyncio.run(serve(settings))
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``serve`` with the ``art-core`` command line."""
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve models for RemoteBackend (gateway + training API on one port)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``art-core serve``."""
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    parser.add_argument("--port", type=int, default=7999, help="0 picks a free port")
+    parser.add_argument("--path", default=".art", help="the art folder (models, checkpoints)")
+    parser.add_argument(
+        "--token", default=None, help=f"bearer token clients must send (or ${TOKEN_ENV})"
+    )
+    parser.add_argument("--max-body-mb", type=_positive(float), default=64.0)
+    parser.add_argument(
+        "--max-pending",
+        type=_positive(int),
+        default=512,
+        help="chat completions in flight before new ones get 429 + Retry-After",
+    )
+    parser.add_argument("--retry-after", type=_positive(int), default=1, help="seconds")
+    parser.add_argument(
+        "--cors-origin", action="append", help="allow this browser origin (CORS is off by default)"
+    )
+    parser.add_argument(
+        "--allow-base-model",
+        action="append",
+        help="a local model folder clients may name as base_model (embedded models always)",
+    )
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--max-batch-size", type=_positive(int), default=32)
+    parser.add_argument("--default-max-tokens", type=_positive(int), default=1024)
+    parser.set_defaults(func=_run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m art_core.server.cli [options]``: ``art-core serve`` without the other
+    subcommands (and without loading integrations' entry points).
+
+    Example:
+        >>> main(["--port", "0"])  # doctest: +SKIP
+    """
+    parser = argparse.ArgumentParser(
+        prog="art-core serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    return _run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Request bodies of the backend API, validated with pydantic (never unpickled, never run).
+
+Trajectories arrive as JSON and are validated field by field into ``TrajectoryGroup``; on
+top of their own schema, every recorded call's token ids must lie in the model's vocabulary
+and carry one logprob per completion token, so a malformed request is a 422 naming the
+field rather than a failure deep inside the trainer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from art_core.model import check_name
+from art_core.server.jobs import JOB_ID
+from art_core.training.config import TrainConfig
+from art_core.trajectories import RolloutException, Trajectory, TrajectoryGroup
+
+
+class FieldError(ValueError):
+    """A semantic error in a valid-looking request; ``field`` is its dotted path."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class GroupPayload(BaseModel):
+    """A ``TrajectoryGroup`` as JSON, validated field by field.
+
+    ``TrajectoryGroup`` has its own ``__init__`` (it also takes awaitables), which pydantic
+    calls for nested data before validating it: a wrong type there raises ``TypeError``
+    instead of a ``ValidationError``. This mirror validates first, then builds the group.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    exceptions: list[RolloutException] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+
+    def to_group(self) -> TrajectoryGroup:
+        return TrajectoryGroup(
+            self.trajectories,
+            exceptions=self.exceptions,
+            metadata=self.metadata,
+            metrics=self.metrics,
+            logs=self.logs,
+        )
+
+
+def to_groups(payloads: list[GroupPayload]) -> list[TrajectoryGroup]:
+    """The validated payloads as ``TrajectoryGroup`` objects."""
+    return [payload.to_group() for payload in payloads]
+
+
+class RegisterRequest(BaseModel):
+    """``POST /api/models/register``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    project: str = "default"
+    base_model: str = Field(min_length=1, max_length=4096)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value, "model name")
+
+    @field_validator("project")
+    @classmethod
+    def _project(cls, value: str) -> str:
+        return check_name(value, "project name")
+
+
+class TrainRequest(BaseModel):
+    """``POST /api/models/{project}/{name}/train``: the groups, the config, a job id.
+
+    ``job_id`` is chosen by the client so that a retried request after a dropped connection
+    attaches to the same job instead of training twice.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str | None = Field(default=None, pattern=JOB_ID.pattern)
+    groups: list[GroupPayload] = Field(min_length=1)
+    config: TrainConfig = Field(default_factory=TrainConfig)
+
+
+class LogRequest(BaseModel):
+    """``POST /api/models/{project}/{name}/log``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    groups: list[GroupPayload]
+    split: str = "val"
+
+    @field_validator("split")
+    @classmethod
+    def _split(cls, value: str) -> str:
+        return check_name(value, "split")
+
+
+class DeleteCheckpointsRequest(BaseModel):
+    """``POST /api/models/{project}/{name}/delete_checkpoints``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    best_checkpoint_metric: str = Field(default="val/reward", min_length=1, max_length=256)
+
+
+def check_calls(groups: list[TrajectoryGroup], vocab_size: int) -> None:
+    """Raise ``FieldError`` for token ids outside ``[0, vocab_size)`` or misaligned logprobs.
+
+    Example:
+        >>> check_calls([], vocab_size=100)
+    """
+    for g, group in enumerate(groups):
+        for t, trajectory in enumerate(group.trajectories):
+            for c, call in enumerate(trajectory.calls):
+                where = f"groups.{g}.trajectories.{t}.calls.{c}"
+                for name in ("prompt_token_ids", "completion_token_ids"):
+                    ids: list[int] = getattr(call, name)
+                    bad = next((i for i, tok in enumerate(ids) if not 0 <= tok < vocab_size), None)
+                    if bad is not None:
+                        raise FieldError(
+                            f"{where}.{name}.{bad}",
+                            f"token id {ids[bad]} is outside the model's vocabulary [0, {vocab_size})",
+                        )
+                if not call.prompt_token_ids:
+                    raise FieldError(f"{where}.prompt_token_ids", "must not be empty")
+                if len(call.logprobs) != len(call.completion_token_ids):
+                    raise FieldError(
+                        f"{where}.logprobs",
+                        f"has {len(call.logprobs)} values for "
+                        f"{len(call.completion_token_ids)} completion tokens",
+                    )
+                bad = next(
+                    (i for i, lp in enumerate(call.logprobs) if not math.isfinite(lp) or lp > 1e-4),
+                    None,
+                )
+                if bad is not None:
+                    raise FieldError(f"{where}.logprobs.{bad}", "logprobs must be finite and <= 0")

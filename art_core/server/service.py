@@ -1,0 +1,254 @@
+"""``Service``: a ``LocalBackend`` driven over HTTP, with persisted registrations and jobs.
+
+Everything here runs on the gateway's event loop (the API routes are served by the same
+uvicorn server as the gateway), so the backend, the registry and the jobs need no locks
+beyond the per-model ones that serialize training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from art_core.backends.local import LocalBackend, latest_checkpoint
+from art_core.embedded import EMBEDDED_MODELS
+from art_core.model import TrainableModel, check_name
+from art_core.server.jobs import Job, JobStore
+from art_core.server.registry import ModelRecord, ModelRegistry
+from art_core.server.schemas import (
+    FieldError,
+    RegisterRequest,
+    TrainRequest,
+    check_calls,
+    to_groups,
+)
+from art_core.server.settings import ServeSettings
+from art_core.trajectories import TrajectoryGroup, new_id
+
+logger = logging.getLogger(__name__)
+
+
+class NotFound(LookupError):
+    """A model or job this server does not know (HTTP 404)."""
+
+
+class Conflict(ValueError):
+    """A request that contradicts the server's state (HTTP 409)."""
+
+
+def allowed_base_model(name: str, allowed: list[str]) -> bool:
+    """Embedded models, ``tiny-random-<seed>``, or folders the operator listed: never an
+    arbitrary path chosen by a client.
+
+    Example:
+        >>> allowed_base_model("tiny-random", []), allowed_base_model("/etc", [])
+        (True, False)
+    """
+    if name in EMBEDDED_MODELS or name in allowed:
+        return True
+    seed = name.removeprefix("tiny-random-")
+    return name.startswith("tiny-random-") and seed.isdigit() and len(seed) <= 9
+
+
+class Service:
+    """The state behind the HTTP API: which models are loaded, and the training jobs.
+
+    Example:
+        >>> service = Service(LocalBackend(path=".art", port=7999), ServeSettings())  # doctest: +SKIP
+        >>> await service.register(RegisterRequest(name="m", base_model="tiny-random"))  # doctest: +SKIP
+    """
+
+    def __init__(self, backend: LocalBackend, settings: ServeSettings) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.path = Path(settings.path)
+        self.registry = ModelRegistry(self.path)
+        self.jobs = JobStore(self.path)
+        self.models: dict[str, TrainableModel] = {}
+        self._register_lock = asyncio.Lock()
+        # One lock per model name: training and checkpoint deletion of a model never interleave.
+        self._model_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.reconcile_jobs()
+
+    # ------------------------------------------------------------------------------ models
+    async def register(self, request: RegisterRequest) -> TrainableModel:
+        """Load (or re-bind) a model; it resumes from its latest checkpoint."""
+        if not allowed_base_model(request.base_model, self.settings.allowed_base_models):
+            raise FieldError(
+                "base_model",
+                f"{request.base_model!r} is not served here: use an embedded model "
+                f"({', '.join(sorted(EMBEDDED_MODELS))}, tiny-random-<seed>) or one the server "
+                "allows (art-core serve --allow-base-model)",
+            )
+        async with self._register_lock:
+            existing = self.models.get(request.name)
+            if existing is not None:
+                if (existing.project, existing.base_model) != (request.project, request.base_model):
+                    raise Conflict(
+                        f"a model named {request.name!r} is already registered here "
+                        f"(project {existing.project!r}, base model {existing.base_model!r})"
+                    )
+                return existing
+            model = TrainableModel(
+                name=request.name,
+                project=request.project,
+                base_model=request.base_model,
+                config=request.config,
+            )
+            try:
+                await self.backend.register(model)
+            except ValueError as exc:  # e.g. the folder holds another base model's checkpoints
+                raise Conflict(str(exc)) from None
+            self.models[model.name] = model
+            self.registry.add(
+                ModelRecord(
+                    name=model.name,
+                    project=model.project,
+                    base_model=model.base_model,
+                    config=model.config,
+                )
+            )
+            return model
+
+    async def model(self, project: str, name: str) -> TrainableModel:
+        """A registered model, loading it again from the registry after a restart."""
+        for value, what in ((project, "project name"), (name, "model name")):
+            try:
+                check_name(value, what)
+            except ValueError as exc:
+                raise FieldError("path." + what.split()[0], str(exc)) from None
+        model = self.models.get(name)
+        if model is None:
+            record = self.registry.get(name)
+            if record is None or record.project != project:
+                raise NotFound(f"model {project}/{name} is not registered on this server")
+            model = await self.register(
+                RegisterRequest(
+                    name=record.name,
+                    project=record.project,
+                    base_model=record.base_model,
+                    config=record.config,
+                )
+            )
+        if model.project != project:
+            raise NotFound(f"model {project}/{name} is not registered on this server")
+        return model
+
+    async def load_on_demand(self, name: str) -> None:
+        """Load a registered-before model a gateway request names (after a restart)."""
+        if name in self.models:
+            return
+        record = self.registry.get(name)
+        if record is not None:
+            await self.model(record.project, record.name)
+
+    def vocab_size(self, model: TrainableModel) -> int:
+        engine = self.backend.engine(model)
+        # The embedding may be larger than the tokenizer (padded vocabularies): allow both.
+        weights = getattr(engine, "model", None)
+        configured = getattr(getattr(weights, "config", None), "vocab_size", 0) or 0
+        return max(len(engine.tokenizer), int(configured))
+
+    def model_info(self, model: TrainableModel, step: int) -> dict[str, Any]:
+        return {
+            "name": model.name,
+            "project": model.project,
+            "base_model": model.base_model,
+            "inference_model_name": model.name,
+            "step": step,
+        }
+
+    # ------------------------------------------------------------------------------ training
+    def lock(self, model: TrainableModel) -> asyncio.Lock:
+        return self._model_locks[model.name]
+
+    async def start_training(self, model: TrainableModel, request: TrainRequest) -> Job:
+        """The job for ``request``: a new one running as its own task, or the existing job
+        with the same id (a client retrying after a dropped connection)."""
+        job_id = request.job_id or new_id("job")
+        existing = self.jobs.get(job_id)
+        if existing is not None:
+            if (existing.project, existing.model) != (model.project, model.name):
+                raise Conflict(f"job {job_id!r} belongs to another model")
+            return existing
+        groups = to_groups(request.groups)
+        check_calls(groups, self.vocab_size(model))
+        job = self.jobs.create(job_id, project=model.project, model=model.name)
+        # The task is referenced by the job (in the store), so it is never garbage-collected,
+        # and it does not depend on the request: a client hanging up does not cancel it.
+        job.task = asyncio.create_task(self._run(job, model, groups, request))
+        return job
+
+    async def _run(
+        self, job: Job, model: TrainableModel, groups: list[TrajectoryGroup], request: TrainRequest
+    ) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_progress(record: dict[str, Any]) -> None:
+            loop.call_soon_threadsafe(job.emit, record)
+
+        try:
+            async with self.lock(model):
+                job.start(await self.backend._get_step(model))
+                self.jobs.save(job)
+                result = await self.backend._train(
+                    model, groups, request.config, on_progress=on_progress
+                )
+            job.succeed(result.model_dump(mode="json"))
+        except asyncio.CancelledError:
+            # The trainer thread may still finish the checkpoint: leave the job "running" on
+            # disk, and the next start decides from the checkpoints (``reconcile_jobs``).
+            raise
+        except Exception as exc:
+            logger.warning("training job %s failed: %s: %s", job.id, type(exc).__name__, exc)
+            job.fail(type(exc).__name__, str(exc))
+        finally:
+            self.jobs.save(job)
+
+    def reconcile_jobs(self) -> None:
+        """After a restart: a job that was running either wrote its checkpoint (succeeded:
+        the result is read back from it) or did not (interrupted: the model is still at its
+        previous step, as checkpoints are renamed into place only once complete)."""
+        for job in self.jobs.unfinished():
+            folder = self.path / job.project / "models" / job.model
+            latest = latest_checkpoint(folder)
+            if (
+                job.start_step is not None
+                and latest is not None
+                and latest[0] == job.start_step + 1
+            ):
+                metrics: dict[str, float] = {}
+                state = latest[1] / "trainer_state.json"
+                try:
+                    raw = json.loads(state.read_text(encoding="utf-8")).get("metrics") or {}
+                    metrics = {k: float(v) for k, v in raw.items() if isinstance(v, int | float)}
+                except (OSError, json.JSONDecodeError, AttributeError):
+                    pass
+                job.succeed(
+                    {"step": latest[0], "metrics": metrics, "checkpoint_path": str(latest[1])}
+                )
+            else:
+                step = latest[0] if latest else 0
+                job.fail(
+                    "TrainingInterrupted",
+                    f"the server stopped before this step finished; {job.project}/{job.model} "
+                    f"is still at step {step}: train again",
+                    status="interrupted",
+                )
+            self.jobs.save(job)
+
+    async def delete_checkpoints(self, model: TrainableModel, metric: str) -> list[int]:
+        async with self.lock(model):
+            return await self.backend._delete_checkpoints(model, metric)
+
+    async def drain(self) -> int:
+        """Wait for the training jobs in progress (a step is never abandoned half-way on a
+        graceful stop); returns how many there were. Runs on the gateway's loop."""
+        tasks = [job.task for job in self.jobs.unfinished() if job.task is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+        return len(tasks)

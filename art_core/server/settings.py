@@ -1,0 +1,81 @@
+"""``ServeSettings``: how ``art-core serve`` listens and what it accepts.
+
+Kept separate from the app so the CLI, tests and embedders build the same service.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine.
+
+    Example:
+        >>> is_loopback("127.0.0.1"), is_loopback("::1"), is_loopback("0.0.0.0")
+        (True, True, False)
+    """
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname resolving to who knows what: treat as public
+
+
+def new_token() -> str:
+    """A fresh bearer token (256 bits, URL-safe).
+
+    Example:
+        >>> len(new_token()) >= 43
+        True
+    """
+    return secrets.token_urlsafe(32)
+
+
+@dataclass
+class ServeSettings:
+    """Everything ``art-core serve`` is configured with.
+
+    ``token`` None on a loopback host means no authentication; on any other host a token is
+    required and ``resolved_token`` generates one (``token_generated`` tells the CLI to print it).
+
+    Example:
+        >>> settings = ServeSettings(host="0.0.0.0", port=7999)
+        >>> token = settings.resolved_token()
+        >>> settings.token_generated and settings.token == token
+        True
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 7999
+    path: Path = Path(".art")
+    token: str | None = None
+    # Request bodies above this get 413 (a training request carries its trajectories).
+    max_body_bytes: int = 64 * 1024 * 1024
+    # Chat completions in flight (queued or running) before new ones get 429 + Retry-After.
+    max_pending: int = 512
+    retry_after_s: int = 1
+    # Origins allowed by CORS; empty = CORS off (no Access-Control headers at all).
+    cors_origins: list[str] = field(default_factory=list)
+    # Local model folders clients may name as base_model, besides the embedded models.
+    allowed_base_models: list[str] = field(default_factory=list)
+    device: str | None = None
+    dtype: str | None = None
+    max_batch_size: int = 32
+    default_max_tokens: int = 1024
+    token_generated: bool = False
+
+    def resolved_token(self) -> str | None:
+        """The token to enforce: the given one, a generated one off loopback, or None."""
+        if self.token is not None and not self.token.strip():
+            raise ValueError("the token must not be empty")
+        if self.token is None and not is_loopback(self.host):
+            self.token = new_token()
+            self.token_generated = True
+        return self.token

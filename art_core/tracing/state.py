@@ -1,0 +1,251 @@
+"""The process-wide tracing switch: which pipeline (if any) and which W&B logger are active.
+
+Tracing configuration is process-wide on purpose, like ``logging`` or OpenTelemetry's own
+provider: rollouts run in many tasks and threads (the gateway has its own loop) and must all
+see one switch. It changes only through ``enable`` / ``disable`` (under a lock); per-task
+state (whether a rollout runs inside ``gather``) lives in a ContextVar in ``hooks``.
+Standard library only until tracing is enabled.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from art_core.tracing.settings import EXPORTER_NAMES, TracingSettings, env_flag, exporters_from_env
+
+if TYPE_CHECKING:
+    from art_core.tracing.pipeline import Pipeline, Sink
+    from art_core.tracing.wandb import WandbLogger
+
+logger = logging.getLogger("art_core.tracing")
+
+EXIT_TIMEOUT_S = 5.0
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pipeline: Pipeline | None = None
+        self.wandb: WandbLogger | None = None
+        self.env_checked = False
+        self.exit_hook = False
+
+
+_state = _State()
+
+
+def active() -> Pipeline | None:
+    """The running pipeline, or None. The first call reads ``ART_TRACING`` / ``ART_WANDB``."""
+    if not _state.env_checked:
+        _configure_from_env()
+    return _state.pipeline
+
+
+def wandb_logger() -> WandbLogger | None:
+    if not _state.env_checked:
+        _configure_from_env()
+    return _state.wandb
+
+
+def _configure_from_env() -> None:
+    with _state.lock:
+        if _state.env_checked:
+            return
+        _state.env_checked = True
+    try:
+        names = exporters_from_env()
+        if names and _state.pipeline is None:
+            enable(names)
+        if env_flag(os.environ, "ART_WANDB", False) and _state.wandb is None:
+            enable_wandb()
+    except Exception:
+        # A bad variable must not break rollouts: say so loudly and trace nothing.
+        logger.exception("tracing: ART_TRACING / ART_WANDB could not be applied; tracing stays off")
+
+
+def _exit() -> None:
+    disable(EXIT_TIMEOUT_S)
+    disable_wandb(EXIT_TIMEOUT_S)
+
+
+def _register_exit_hook() -> None:
+    if not _state.exit_hook:
+        atexit.register(_exit)
+        _state.exit_hook = True
+
+
+def make_sink(
+    spec: Any,
+    settings: TracingSettings,
+    *,
+    endpoint: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    weave_project: str | None = None,
+    langfuse_options: Mapping[str, Any] | None = None,
+) -> Sink:
+    """An exporter from a name (``"otlp"``, ``"console"``, ``"langfuse"``, ``"weave"``), an
+    OpenTelemetry ``SpanExporter``, a ``langfuse.Langfuse`` client, a Weave client, or a
+    ready sink object."""
+    if isinstance(spec, str):
+        name = spec.strip().lower()
+        if name == "otlp":
+            from art_core.tracing.exporters import otlp_exporter
+            from art_core.tracing.otel import OtelSink
+
+            return OtelSink(otlp_exporter(endpoint, headers, settings.export_timeout_s), settings)
+        if name == "console":
+            from art_core.tracing.exporters import console_exporter
+            from art_core.tracing.otel import OtelSink
+
+            return OtelSink(console_exporter(), settings, label="console")
+        if name == "langfuse":
+            from art_core.tracing.langfuse import LangfuseSink
+
+            return LangfuseSink(settings, **dict(langfuse_options or {}))
+        if name == "weave":
+            from art_core.tracing.weave import WeaveSink
+
+            project = weave_project or os.environ.get("ART_WEAVE_PROJECT")
+            return WeaveSink(settings, project=project)
+        raise ValueError(f"unknown tracing exporter {spec!r}; known: {EXPORTER_NAMES}")
+    module = type(spec).__module__
+    if all(hasattr(spec, m) for m in ("emit", "flush", "shutdown", "capture_parent")):
+        return spec  # type: ignore[no-any-return]
+    if module.startswith("langfuse"):
+        from art_core.tracing.langfuse import LangfuseSink
+
+        return LangfuseSink(settings, client=spec)
+    if module.startswith("weave"):
+        from art_core.tracing.weave import WeaveSink
+
+        return WeaveSink(settings, client=spec)
+    if hasattr(spec, "export") and hasattr(spec, "shutdown"):
+        from art_core.tracing.otel import OtelSink
+
+        return OtelSink(spec, settings, label=type(spec).__name__)
+    raise TypeError(
+        f"cannot trace to a {type(spec).__name__}: pass an exporter name {EXPORTER_NAMES}, an "
+        "OpenTelemetry SpanExporter, a langfuse.Langfuse client or a weave client"
+    )
+
+
+def enable(
+    exporter: Any = None,
+    *,
+    endpoint: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    weave_project: str | None = None,
+    langfuse: Mapping[str, Any] | None = None,
+    settings: TracingSettings | None = None,
+    **options: Any,
+) -> None:
+    """Trace every rollout and train step from now on (replacing an earlier ``enable``).
+
+    ``exporter``: a name, an exporter object, or a list of them (see ``make_sink``); None:
+    the names in ``ART_TRACING``, else ``"otlp"``.
+    ``endpoint``/``headers``: for ``"otlp"`` (default: the ``OTEL_EXPORTER_OTLP_*`` variables).
+    ``weave_project``: for ``"weave"`` when ``weave.init`` was not called. ``langfuse``: keyword
+    arguments for ``langfuse.Langfuse``. ``options``: ``TracingSettings`` fields, e.g.
+    ``capture_content=False``, ``include_token_ids=True``.
+
+    Example:
+        >>> import art_core.tracing as tracing
+        >>> tracing.enable("otlp", endpoint="http://127.0.0.1:4318/v1/traces")  # doctest: +SKIP
+        >>> tracing.enable(["langfuse", "weave"], weave_project="team/agent")  # doctest: +SKIP
+    """
+    from art_core.tracing.pipeline import Pipeline
+
+    base = settings or TracingSettings.from_env()
+    merged = base.replace(**options) if options else base
+    if exporter is None:
+        exporter = exporters_from_env() or ["otlp"]
+    specs: Sequence[Any] = exporter if isinstance(exporter, list | tuple) else [exporter]
+    if not specs:
+        raise ValueError("enable() needs at least one exporter")
+    sinks: list[Sink] = []
+    try:
+        for spec in specs:
+            sinks.append(
+                make_sink(
+                    spec,
+                    merged,
+                    endpoint=endpoint,
+                    headers=headers,
+                    weave_project=weave_project,
+                    langfuse_options=langfuse,
+                )
+            )
+    except BaseException:
+        for sink in sinks:  # release what was built before the failure
+            sink.shutdown(1.0)
+        raise
+    pipeline = Pipeline(sinks, merged)
+    with _state.lock:
+        previous, _state.pipeline = _state.pipeline, pipeline
+        _register_exit_hook()
+    if previous is not None:
+        previous.shutdown(EXIT_TIMEOUT_S)
+
+
+def disable(timeout_s: float = EXIT_TIMEOUT_S) -> None:
+    """Stop tracing: send what is queued (waiting at most ``timeout_s``) and release exporters."""
+    with _state.lock:
+        previous, _state.pipeline = _state.pipeline, None
+        _state.env_checked = True
+    if previous is not None:
+        previous.shutdown(timeout_s)
+
+
+def flush(timeout_s: float = 30.0) -> bool:
+    """Wait until every rollout traced so far has been handed to its backend (True) or
+    ``timeout_s`` passed (False). Tests and short scripts call this before reading traces."""
+    ok = True
+    pipeline = _state.pipeline
+    if pipeline is not None:
+        ok = pipeline.flush(timeout_s)
+    if _state.wandb is not None:
+        ok = _state.wandb.flush(timeout_s) and ok
+    return ok
+
+
+def is_enabled() -> bool:
+    """Whether rollouts are being traced."""
+    return active() is not None
+
+
+def stats() -> dict[str, Any]:
+    """Counters of the running pipeline ({} when tracing is off)."""
+    pipeline = _state.pipeline
+    return pipeline.stats() if pipeline is not None else {}
+
+
+def enable_wandb(project: str | None = None, entity: str | None = None, **init_kwargs: Any) -> None:
+    """Log each model's metric history (train and val records) to Weights & Biases.
+
+    One W&B run per model (resumed across processes); ``project`` defaults to
+    ``$WANDB_PROJECT``, then to the model's project. ``WANDB_MODE=offline`` works as usual.
+
+    Example:
+        >>> enable_wandb(project="agent-rl")  # doctest: +SKIP
+    """
+    from art_core.tracing.wandb import WandbLogger
+
+    logger_ = WandbLogger(project=project, entity=entity, **init_kwargs)
+    with _state.lock:
+        previous, _state.wandb = _state.wandb, logger_
+        _register_exit_hook()
+    if previous is not None:
+        previous.close(EXIT_TIMEOUT_S)
+
+
+def disable_wandb(timeout_s: float = EXIT_TIMEOUT_S) -> None:
+    """Stop logging to W&B and finish its runs."""
+    with _state.lock:
+        previous, _state.wandb = _state.wandb, None
+    if previous is not None:
+        previous.close(timeout_s)

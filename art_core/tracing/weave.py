@@ -1,0 +1,162 @@
+"""Weave: each rollout a call tree (``art.rollout`` > ``art.chat`` / ``art.tool.*``), reward and
+RULER score as feedback and in the call's summary, train steps as ``art.train_step`` calls.
+
+Calls are logged with the real ``weave`` client (its batching and retries), with the times
+the gateway recorded. A rollout started inside a ``@weave.op`` is logged as a child of that
+op's call, so users keep decorating their own functions.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from art_core.tracing import genai
+from art_core.tracing.settings import TracingSettings
+from art_core.tracing.tree import Score, ScoreUpdate, SpanNode
+
+MAX_REMEMBERED = 20_000
+# Content already shown as the call's inputs/outputs: not repeated in its attributes.
+_CONTENT_ATTRIBUTES = {
+    genai.INPUT_MESSAGES,
+    genai.OUTPUT_MESSAGES,
+    genai.TOOL_DEFINITIONS,
+    genai.TOOL_ARGUMENTS,
+    genai.TOOL_RESULT,
+    "art.logs",
+    "art.error.traceback",
+}
+_OP_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def op_name(node: SpanNode) -> str:
+    """The Weave op a node is logged as (one op per tool name).
+
+    Example:
+        >>> op_name(SpanNode("execute_tool get weather", "tool", 0, 1, display_name="get weather"))
+        'art.tool.get_weather'
+    """
+    if node.kind == "tool":
+        return "art.tool." + _OP_NAME.sub("_", node.display_name or "tool")
+    return {"rollout": "art.rollout", "llm": "art.chat", "train": "art.train_step"}.get(
+        node.kind, f"art.{node.kind}"
+    )
+
+
+def _time(seconds: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+
+
+class RolloutError(Exception):
+    """How a rollout that raised shows up on its Weave call."""
+
+
+class WeaveSink:
+    """Log span trees to Weave.
+
+    Uses ``client`` if given, else the client of an earlier ``weave.init`` in this process,
+    else ``weave.init(project)``.
+
+    Example:
+        >>> sink = WeaveSink(TracingSettings(), project="my-team/agent-rl")  # doctest: +SKIP
+    """
+
+    name = "weave"
+
+    def __init__(
+        self, settings: TracingSettings, client: Any = None, project: str | None = None
+    ) -> None:
+        try:
+            import weave
+            from weave.trace.context import weave_client_context
+        except ImportError as exc:
+            raise ImportError("Weave tracing needs `weave`: pip install 'art-core[weave]'") from exc
+        if client is None:
+            client = weave_client_context.get_weave_client()
+        if client is None:
+            if not project:
+                raise ValueError(
+                    "Weave tracing needs a project: call weave.init(...) first, pass "
+                    "weave_project='entity/project', or set ART_WEAVE_PROJECT"
+                )
+            client = weave.init(project)
+        self.client = client
+        self.settings = settings
+        self._calls: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -------------------------------------------------------------- caller side
+    def capture_parent(self) -> Any:
+        from weave.trace.context.call_context import get_current_call
+
+        return get_current_call()
+
+    # -------------------------------------------------------------- worker side
+    def emit(self, node: SpanNode, parent: Any) -> None:
+        self._log(node, parent)
+
+    def _log(self, node: SpanNode, parent: Any) -> Any:
+        attributes = {
+            key: value for key, value in node.attributes.items() if key not in _CONTENT_ATTRIBUTES
+        }
+        call = self.client.create_call(
+            op_name(node),
+            {"input": node.input} if not isinstance(node.input, dict) else node.input,
+            parent=parent,
+            attributes={"art": attributes},
+            display_name=node.display_name or node.name,
+            use_stack=False,
+            started_at=_time(node.start_time),
+        )
+        for child in node.children:
+            self._log(child, call)
+        if node.scores:
+            call.summary = {"art": {score.name: score.value for score in node.scores}}
+        self.client.finish_call(
+            call,
+            node.output,
+            exception=RolloutError(node.error) if node.error else None,
+            ended_at=_time(node.end_time),
+        )
+        self._add_feedback(call, node.scores)
+        if node.key:
+            with self._lock:
+                self._calls[node.key] = call
+                while len(self._calls) > MAX_REMEMBERED:
+                    self._calls.popitem(last=False)
+        return call
+
+    @staticmethod
+    def _add_feedback(call: Any, scores: list[Score]) -> None:
+        for score in scores:
+            payload: dict[str, Any] = {"value": score.value}
+            if score.comment:
+                payload["explanation"] = score.comment
+            call.feedback.add(score.name, payload)
+
+    def update_scores(self, update: ScoreUpdate) -> None:
+        with self._lock:
+            call = self._calls.get(update.key)
+        if call is not None:
+            self._add_feedback(call, update.scores)
+
+    def flush(self, timeout_s: float) -> bool:
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                self.client.flush()
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="art-weave-flush", daemon=True).start()
+        return done.wait(timeout_s)
+
+    def shutdown(self, timeout_s: float) -> None:
+        self.flush(timeout_s)
+
+    def stats(self) -> dict[str, int]:
+        return {}

@@ -1,0 +1,18 @@
+"""GRPO training of LoRA adapters on token-exact captured trajectories.
+
+``Trainer`` runs the steps; ``TrainConfig`` says how; ``TrainResult`` says what came out.
+The modules each hold one idea: ``sequences`` (token-exact assembly), ``advantages``
+(group-relative credit), ``loss`` (PPO/CISPO objective), ``packing`` (micro-batches),
+``checkpoints`` (pickle-free save/resume), ``loading`` (peft / Unsloth), ``batch`` (groups to
+rollouts) and ``storage`` (atomic files).
+
+Example:
+    >>> from art_core.training import Trainer, TrainConfig
+    >>> trainer = Trainer(base_model_path, model_dir)                          # doctest: +SKIP
+    >>> result = trainer.train_step(groups, TrainConfig(learning_rate=1e-5))   # doctest: +SKIP
+"""
+
+from art_core.training.config import DEFAULT_LORA_TARGET_MODULES, TrainConfig, TrainResult
+from art_core.training.trainer import Trainer
+
+__all__ = ["DEFAULT_LORA_TARGET_MODULES", "TrainConfig", "TrainResult", "Trainer"]

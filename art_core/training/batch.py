@@ -1,0 +1,151 @@
+"""From trajectory groups to the rollouts of one training step, and their examples.
+
+This is where the data model meets the trainer: each group's rewards become advantages,
+each trajectory's calls become token sequences, and skipped or empty inputs are counted so
+the metrics say what was (not) trained on.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from art_core.training.advantages import group_advantages, rollout_token_weight
+from art_core.training.packing import TrainingExample
+from art_core.training.sequences import TokenSequence, assemble_sequences
+from art_core.trajectories import TrajectoryGroup
+
+
+@dataclass
+class Rollout:
+    """The trainable part of one trajectory: its sequences and its advantage."""
+
+    sequences: list[TokenSequence]
+    advantage: float
+
+    @property
+    def num_trainable_tokens(self) -> int:
+        return sum(seq.num_trainable_tokens for seq in self.sequences)
+
+
+@dataclass
+class PreparedBatch:
+    """The rollouts to train on and metrics about the groups they came from."""
+
+    rollouts: list[Rollout]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _mean_trajectory_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    values: dict[str, list[float]] = {}
+    for group in groups:
+        for trajectory in group.trajectories:
+            for name, value in trajectory.metrics.items():
+                if isinstance(value, int | float) and math.isfinite(float(value)):
+                    values.setdefault(name, []).append(float(value))
+    return {name: sum(v) / len(v) for name, v in values.items()}
+
+
+def prepare_batch(
+    groups: Sequence[TrajectoryGroup], *, scale_rewards: bool = True
+) -> PreparedBatch:
+    """Advantages and token sequences for every trajectory of groups that carry a signal.
+
+    Trajectories without recorded calls still count in their group's reward statistics
+    (they are real samples of the policy) but have nothing to train on.
+
+    Example:
+        >>> from art_core.trajectories import LLMCall, Trajectory
+        >>> def traj(reward):
+        ...     call = LLMCall(model="m", messages=[], prompt_token_ids=[1],
+        ...                    completion_token_ids=[2], logprobs=[-1.0])
+        ...     return Trajectory(calls=[call], reward=reward)
+        >>> batch = prepare_batch([TrajectoryGroup([traj(1.0), traj(0.0)])], scale_rewards=False)
+        >>> [r.advantage for r in batch.rollouts]
+        [0.5, -0.5]
+    """
+    for index, group in enumerate(groups):
+        if not isinstance(group, TrajectoryGroup):
+            raise TypeError(f"groups[{index}] is a {type(group).__name__}, not a TrajectoryGroup")
+        if group.pending:
+            raise ValueError(
+                f"groups[{index}] has {group.pending} rollouts that have not run; "
+                "await the group (or use gather_trajectory_groups) before training"
+            )
+    rollouts: list[Rollout] = []
+    rewards: list[float] = []
+    skipped = without_calls = breaks = sequences = 0
+    for group in groups:
+        group_rewards = [trajectory.reward for trajectory in group.trajectories]
+        rewards += group_rewards
+        advantages = group_advantages(group_rewards, scale_rewards=scale_rewards)
+        if advantages is None:
+            skipped += 1
+            continue
+        for trajectory, advantage in zip(group.trajectories, advantages, strict=True):
+            if not trajectory.calls:
+                without_calls += 1
+                continue
+            assembled = assemble_sequences(trajectory.calls)
+            breaks += assembled.breaks
+            sequences += len(assembled.sequences)
+            rollout = Rollout(assembled.sequences, advantage)
+            if rollout.num_trainable_tokens > 0:
+                rollouts.append(rollout)
+
+    metrics: dict[str, float] = {
+        f"train/{name}": value for name, value in _mean_trajectory_metrics(groups).items()
+    }
+    metrics.update(
+        {
+            "train/reward": statistics.fmean(rewards) if rewards else 0.0,
+            "train/reward_std": statistics.pstdev(rewards) if rewards else 0.0,
+            "train/num_groups": float(len(groups)),
+            "train/num_trajectories": float(len(rewards)),
+            "train/num_exceptions": float(sum(len(group.exceptions) for group in groups)),
+            "train/groups_skipped": float(skipped),
+            "train/trajectories_without_calls": float(without_calls),
+            "train/num_rollouts_trained": float(len(rollouts)),
+            "train/num_sequences": float(sequences),
+            "train/sequence_breaks": float(breaks),
+            "train/num_trainable_tokens": float(sum(r.num_trainable_tokens for r in rollouts)),
+        }
+    )
+    return PreparedBatch(rollouts=rollouts, metrics=metrics)
+
+
+def split_rollouts(rollouts: Sequence[Rollout], parts: int) -> list[list[Rollout]]:
+    """Split rollouts into ``parts`` contiguous, near-equal chunks (one per optimizer step).
+
+    Example:
+        >>> [len(chunk) for chunk in split_rollouts([Rollout([], 0.0)] * 5, 2)]
+        [3, 2]
+    """
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    size, extra = divmod(len(rollouts), parts)
+    chunks: list[list[Rollout]] = []
+    start = 0
+    for index in range(parts):
+        end = start + size + (1 if index < extra else 0)
+        if end > start:
+            chunks.append(list(rollouts[start:end]))
+        start = end
+    return chunks
+
+
+def to_examples(rollouts: Sequence[Rollout]) -> list[TrainingExample]:
+    """Examples of one optimizer step; token weights make every rollout weigh ``1/len``.
+
+    Example:
+        >>> seq = TokenSequence([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0])
+        >>> [e.weight for e in to_examples([Rollout([seq], 1.0), Rollout([seq, seq], -1.0)])]
+        [0.25, 0.125, 0.125]
+    """
+    examples: list[TrainingExample] = []
+    for rollout in rollouts:
+        weight = rollout_token_weight(rollout.num_trainable_tokens, len(rollouts))
+        examples += [TrainingExample(seq, rollout.advantage, weight) for seq in rollout.sequences]
+    return examples

@@ -1,0 +1,463 @@
+"""``Trainer``: GRPO steps on a LoRA adapter, with checkpoints, history and resume.
+
+One ``Trainer`` owns one model folder (``.art/{project}/models/{name}/``). ``train_step`` is
+synchronous on purpose: the backend runs it in a worker thread while the engine is paused,
+then hot-swaps ``result.checkpoint_path`` into the engine.
+
+Step numbering follows ART: step ``s`` is the adapter that served the rollouts; training on
+them writes checkpoint ``s + 1``. The history record and the trajectory log of that call are
+stored under step ``s``, so ``train/reward`` at step ``s`` measures checkpoint ``s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import math
+import shutil
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from art_core.training.batch import prepare_batch, split_rollouts, to_examples
+from art_core.training.checkpoints import (
+    checkpoint_dir,
+    list_checkpoint_steps,
+    load_optimizer_state,
+    save_checkpoint,
+    steps_to_delete,
+)
+from art_core.training.config import TrainConfig, TrainResult
+from art_core.training.loading import (
+    adapter_settings,
+    autocast_dtype,
+    choose_device,
+    load_trainable_model,
+)
+from art_core.training.loss import grpo_loss, token_logprobs
+from art_core.training.packing import MicroBatch, make_micro_batches
+from art_core.training.storage import append_jsonl, read_jsonl, write_trajectory_groups
+from art_core.trajectories import TrajectoryGroup
+
+logger = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[dict[str, Any]], None]
+
+
+class Trainer:
+    """GRPO training of a LoRA adapter on captured trajectories, for one model folder.
+
+    The base model and adapter are loaded lazily on the first ``train_step`` (from the latest
+    checkpoint when there is one, with its optimizer state), so constructing a ``Trainer``
+    is cheap and ``latest_step()`` works without loading anything.
+
+    Example:
+        >>> trainer = Trainer(resolve_base_model("tiny-random"), Path(".art/demo/models/m1"))  # doctest: +SKIP
+        >>> result = trainer.train_step(groups, TrainConfig(learning_rate=1e-4))  # doctest: +SKIP
+        >>> result.step, result.checkpoint_path                                   # doctest: +SKIP
+        (1, '.art/demo/models/m1/checkpoints/0001')
+    """
+
+    def __init__(
+        self, base_model_path: Path, model_dir: Path, *, device: str | None = None
+    ) -> None:
+        self.base_model_path = Path(base_model_path)
+        if not (self.base_model_path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{self.base_model_path} is not a Hugging Face model folder (no config.json); "
+                "resolve embedded names with art_core.embedded.resolve_base_model"
+            )
+        self.model_dir = Path(model_dir)
+        self.device = choose_device(device)
+        self._lock = threading.Lock()
+        self._model: Any = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._param_names: list[str] = []
+        self._loaded_step = -1
+
+    # ------------------------------------------------------------------ public API
+
+    def latest_step(self) -> int:
+        """The step of the newest checkpoint in ``model_dir`` (0 when there is none).
+
+        Example:
+            >>> Trainer(base, Path("/tmp/new-model")).latest_step()  # doctest: +SKIP
+            0
+        """
+        steps = list_checkpoint_steps(self.model_dir)
+        return steps[-1] if steps else 0
+
+    def checkpoint_path(self, step: int | None = None) -> Path | None:
+        """The folder of checkpoint ``step`` (default: latest), None when it does not exist."""
+        step = self.latest_step() if step is None else step
+        folder = checkpoint_dir(self.model_dir, step)
+        return folder if step in list_checkpoint_steps(self.model_dir) else None
+
+    @property
+    def model(self) -> Any:
+        """The loaded ``PeftModel`` (None until the first ``load`` or ``train_step``)."""
+        return self._model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The AdamW optimizer of the adapter weights (None until loaded)."""
+        return self._optimizer
+
+    def load(self, config: TrainConfig | None = None) -> int:
+        """Load the base model and adapter now (else done lazily); return the loaded step.
+
+        Resumes from the latest checkpoint (adapter weights and optimizer state) when there
+        is one; otherwise creates a fresh adapter shaped by ``config``.
+
+        Example:
+            >>> Trainer(base, model_dir).load()   # doctest: +SKIP
+            3
+        """
+        with self._lock:
+            self._ensure_loaded(TrainConfig() if config is None else config, check_lora=False)
+            return self._loaded_step
+
+    def train_step(
+        self,
+        groups: Sequence[TrajectoryGroup],
+        config: TrainConfig | None = None,
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> TrainResult:
+        """Train on ``groups`` and write checkpoint ``latest_step() + 1``.
+
+        Assembles token-exact sequences from the recorded calls, computes group-relative
+        advantages, runs ``config.num_epochs * config.optimizer_steps_per_epoch`` optimizer
+        steps (gradients accumulated over micro-batches), then saves the checkpoint, appends
+        metrics to ``history.jsonl`` and the groups to ``trajectories/train/{step:04d}.jsonl``.
+        ``on_progress`` is called (in this thread) after every micro-batch and optimizer step
+        with a JSON-serializable dict.
+
+        Example:
+            >>> result = trainer.train_step(groups, TrainConfig())   # doctest: +SKIP
+            >>> result.metrics["train/loss"]                         # doctest: +SKIP
+            0.013
+        """
+        config = TrainConfig() if config is None else config
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+        groups = list(groups)
+        if not groups:
+            raise ValueError("train_step needs at least one TrajectoryGroup")
+        with self._lock:
+            return self._train_step(groups, config, on_progress)
+
+    def delete_checkpoints(
+        self,
+        best_checkpoint_metric: str = "train/reward",
+        *,
+        higher_is_better: bool | None = None,
+    ) -> list[int]:
+        """Delete every checkpoint but the latest and the best; return the deleted steps.
+
+        "Best" is read from ``history.jsonl``; higher is better unless the metric name
+        contains "loss" (override with ``higher_is_better``).
+
+        Example:
+            >>> trainer.delete_checkpoints("train/reward")   # doctest: +SKIP
+            [1, 2, 4]
+        """
+        if higher_is_better is None:
+            higher_is_better = "loss" not in best_checkpoint_metric
+        with self._lock:
+            history = read_jsonl(self.model_dir / "history.jsonl")
+            doomed = steps_to_delete(
+                list_checkpoint_steps(self.model_dir),
+                history,
+                best_checkpoint_metric,
+                higher_is_better=higher_is_better,
+            )
+            for step in doomed:
+                folder = checkpoint_dir(self.model_dir, step)
+                # Rename first so a half-deleted folder never looks like a checkpoint.
+                trash = folder.with_name(f".deleting-{folder.name}")
+                shutil.rmtree(trash, ignore_errors=True)  # left over by an interrupted delete
+                folder.rename(trash)
+                shutil.rmtree(trash, ignore_errors=True)
+        return doomed
+
+    def unload(self) -> None:
+        """Free the model and optimizer (reloaded from the latest checkpoint when needed)."""
+        with self._lock:
+            self._model = None
+            self._optimizer = None
+            self._loaded_step = -1
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ loading
+
+    def _ensure_loaded(self, config: TrainConfig, *, check_lora: bool = True) -> None:
+        latest = self.latest_step()
+        if self._model is None or self._loaded_step != latest:
+            # First use, or another process trained this model since: load from disk.
+            adapter = checkpoint_dir(self.model_dir, latest) if latest > 0 else None
+            model = load_trainable_model(
+                self.base_model_path, config, self.device, adapter_path=adapter
+            )
+            named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+            optimizer = torch.optim.AdamW(
+                [p for _, p in named],
+                lr=config.learning_rate,
+                betas=config.adam_betas,
+                weight_decay=config.weight_decay,
+            )
+            param_names = [name for name, _ in named]
+            if adapter is not None:
+                load_optimizer_state(adapter, optimizer, param_names)
+            self._model, self._optimizer, self._param_names = model, optimizer, param_names
+            self._loaded_step = latest
+        have, want = adapter_settings(self._model), config.lora_settings()
+        if check_lora and have != want:
+            raise ValueError(
+                f"the adapter of {self.model_dir} has LoRA settings {have}, but the TrainConfig "
+                f"asks for {want}; LoRA shape cannot change between steps of one model"
+            )
+
+    # ------------------------------------------------------------------ training
+
+    def _autocast(self, config: TrainConfig) -> contextlib.AbstractContextManager[Any]:
+        dtype = autocast_dtype(config.precision, self.device)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def _logprobs(
+        self, batch: MicroBatch, config: TrainConfig
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The current model's logprobs (and entropies) of the batch's trained tokens."""
+        device = self.device
+        inputs: dict[str, Any] = {
+            "input_ids": batch.input_ids.to(device),
+            "position_ids": batch.position_ids.to(device),
+            "logits_to_keep": batch.predict_mask.to(device),
+            "use_cache": False,
+        }
+        if batch.attention_mask is not None:
+            inputs["attention_mask"] = batch.attention_mask.to(device)
+        with self._autocast(config):
+            logits = self._model(**inputs).logits
+        if logits.ndim == 3:
+            # A model that ignored the boolean logits_to_keep returned every position.
+            logits = logits[batch.predict_mask.to(device)]
+        return token_logprobs(logits, batch.target_ids.to(device))
+
+    @contextlib.contextmanager
+    def _no_grad_eval(self) -> Iterator[None]:
+        was_training = self._model.training
+        self._model.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self._model.train(was_training)
+
+    def _train_step(
+        self,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        on_progress: ProgressCallback | None,
+    ) -> TrainResult:
+        started = time.perf_counter()
+        self._ensure_loaded(config)
+        model, optimizer = self._model, self._optimizer
+        assert optimizer is not None
+        step = self._loaded_step
+        new_step = step + 1
+
+        prepared = prepare_batch(groups, scale_rewards=config.scale_rewards)
+        attn = getattr(model.config, "_attn_implementation", None)
+        plan = [
+            make_micro_batches(
+                to_examples(chunk),
+                max_tokens=config.max_tokens_per_batch,
+                packing=config.packing,
+                attn_implementation=attn,
+            )
+            for chunk in split_rollouts(prepared.rollouts, config.optimizer_steps_per_epoch)
+        ]
+        plan = [micro_batches for micro_batches in plan if micro_batches]
+        for group in optimizer.param_groups:
+            group.update(
+                lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
+            )
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+
+        sums: defaultdict[str, float] = defaultdict(float)
+        grad_norms: list[float] = []
+        skipped_updates = 0
+        total = config.num_epochs * sum(len(micro_batches) for micro_batches in plan)
+        bar = tqdm(total=total, desc=f"train step {new_step}", unit="batch", leave=False)
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            # Dropout is reproducible per step without disturbing anyone else's RNG.
+            torch.manual_seed(config.seed + new_step)
+            old_logprobs = self._old_logprobs(plan, config)
+            model.train()
+            done = 0
+            for epoch in range(config.num_epochs):
+                for index, micro_batches in enumerate(plan):
+                    optimizer.zero_grad(set_to_none=True)
+                    for position, batch in enumerate(micro_batches):
+                        logprobs, entropy = self._logprobs(batch, config)
+                        ref = self._ref_logprobs(batch, config)
+                        old = None
+                        if config.truncated_importance_sampling is not None:
+                            old = old_logprobs.get((index, position), logprobs.detach())
+                        out = grpo_loss(
+                            logprobs,
+                            batch.sampler_logprobs.to(self.device),
+                            batch.advantages.to(self.device),
+                            batch.weights.to(self.device),
+                            loss_type=config.loss,
+                            epsilon=config.epsilon,
+                            epsilon_high=config.upper_epsilon,
+                            old_logprobs=old,
+                            truncated_importance_sampling=config.truncated_importance_sampling,
+                            ref_logprobs=ref,
+                            beta=config.beta,
+                            entropy=entropy,
+                        )
+                        out.loss.backward()
+                        for name, value in out.metrics.items():
+                            sums[name] += value
+                        done += 1
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{out.metrics['loss']:.4f}")
+                        if on_progress is not None:
+                            on_progress(
+                                {
+                                    "event": "micro_batch",
+                                    "step": new_step,
+                                    "epoch": epoch,
+                                    "optimizer_step": index,
+                                    "micro_batch": done,
+                                    "num_micro_batches": total,
+                                    "loss": out.metrics["loss"],
+                                    "tokens": batch.num_trainable_tokens,
+                                }
+                            )
+                    norm = float(
+                        torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm or math.inf)
+                    )
+                    if math.isfinite(norm):
+                        optimizer.step()
+                        grad_norms.append(norm)
+                    else:
+                        # One bad batch must not poison the adapter with NaNs.
+                        skipped_updates += 1
+                        logger.warning(
+                            "non-finite gradient norm at step %d; update skipped", new_step
+                        )
+                    optimizer.zero_grad(set_to_none=True)
+                    if on_progress is not None:
+                        on_progress(
+                            {
+                                "event": "optimizer_step",
+                                "step": new_step,
+                                "epoch": epoch,
+                                "optimizer_step": index,
+                                "grad_norm": norm,
+                            }
+                        )
+        bar.close()
+        model.eval()
+
+        updates = config.num_epochs * len(plan)
+        metrics = dict(prepared.metrics)
+        for name, value in sums.items():
+            # Each optimizer step's weights sum to 1: divide by the number of steps for a mean.
+            metrics[f"train/{name}"] = value / updates
+        for name in ("loss", "policy_loss", "entropy", "clip_fraction", "logprob_mismatch"):
+            # Same keys every step (plots, best-checkpoint lookups), even with nothing to train.
+            metrics.setdefault(f"train/{name}", 0.0)
+        seconds = time.perf_counter() - started
+        metrics.update(
+            {
+                "train/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else 0.0,
+                "train/optimizer_steps": float(len(grad_norms)),
+                "train/skipped_updates": float(skipped_updates),
+                "train/num_micro_batches": float(total),
+                "train/learning_rate": config.learning_rate,
+                "train/seconds": seconds,
+                "train/tokens_per_second": sum(b.num_tokens for mbs in plan for b in mbs)
+                * config.num_epochs
+                / max(seconds, 1e-9),
+            }
+        )
+        return self._save(step, new_step, groups, config, metrics)
+
+    def _old_logprobs(
+        self, plan: list[list[MicroBatch]], config: TrainConfig
+    ) -> dict[tuple[int, int], torch.Tensor]:
+        """The trainer's logprobs before any update, for truncated importance sampling.
+
+        With a single optimizer step they equal the first forward's (detached), so the extra
+        pass is only paid when the policy moves between forwards of the same data.
+        """
+        if config.truncated_importance_sampling is None or config.num_epochs * len(plan) <= 1:
+            return {}
+        old: dict[tuple[int, int], torch.Tensor] = {}
+        with self._no_grad_eval():
+            for index, micro_batches in enumerate(plan):
+                for position, batch in enumerate(micro_batches):
+                    old[(index, position)] = self._logprobs(batch, config)[0]
+        return old
+
+    def _ref_logprobs(self, batch: MicroBatch, config: TrainConfig) -> torch.Tensor | None:
+        """The base model's logprobs (adapter disabled) for the KL penalty, when beta > 0."""
+        if config.beta <= 0:
+            return None
+        with self._no_grad_eval(), self._model.disable_adapter():
+            return self._logprobs(batch, config)[0]
+
+    # ------------------------------------------------------------------ saving
+
+    def _save(
+        self,
+        step: int,
+        new_step: int,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        metrics: dict[str, float],
+    ) -> TrainResult:
+        assert self._optimizer is not None
+        write_trajectory_groups(
+            self.model_dir / "trajectories" / "train" / f"{step:04d}.jsonl", groups
+        )
+        folder = save_checkpoint(
+            self.model_dir,
+            new_step,
+            save_adapter=lambda path: self._model.save_pretrained(path, safe_serialization=True),
+            optimizer=self._optimizer,
+            param_names=self._param_names,
+            extra_state={
+                "base_model": str(self.base_model_path),
+                "config": config.model_dump(mode="json"),
+                "metrics": metrics,
+            },
+        )
+        self._loaded_step = new_step
+        record = {
+            "step": step,
+            "split": "train",
+            "time": time.time(),
+            "checkpoint_step": new_step,
+            # NaN/inf (a diverged step) become null: history.jsonl stays strict JSON.
+            **{name: (value if math.isfinite(value) else None) for name, value in metrics.items()},
+        }
+        append_jsonl(self.model_dir / "history.jsonl", [record])
+        return TrainResult(step=new_step, metrics=metrics, checkpoint_path=str(folder))

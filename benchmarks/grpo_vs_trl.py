@@ -1,0 +1,381 @@
+"""Our GRPO loop vs TRL's ``GRPOTrainer``: seconds per step and reward, side by side.
+
+Both train a LoRA on the embedded SmolLM2-135M-Instruct for the same task (answer arithmetic
+questions with the number only; reward = share of the answer's non-space characters that are
+digits), with the same prompts in the same order, group size, max tokens, LoRA shape,
+learning rate, clip range and loss normalization (TRL's ``loss_type="grpo"`` is the same
+per-rollout mean as ours for one-call rollouts). A step is everything: sampling the group
+and training on it.
+
+- ours: the full public loop: ``LocalBackend`` (gateway + transformers engine), ``capture``
+  with the ``openai`` client, ``gather_trajectory_groups``, ``model.train`` (engine paused,
+  GRPO step, adapter hot-swapped).
+- TRL: ``GRPOTrainer`` (HF ``generate``), in fp32 without gradient checkpointing: its
+  fastest CPU settings here (``--trl-defaults`` keeps bf16 autocast + checkpointing).
+
+After training, both final adapters are scored by the same evaluator (HF sampling on
+held-out prompts, fixed seeds), so the reward comparison does not depend on either loop.
+
+Run (trl is a benchmark-only dependency; pin torch so pip keeps the CPU build):
+    pip install trl "torch==2.13.0"
+    ART_CORE_MODELS_DIR=/tmp/art-models python benchmarks/grpo_vs_trl.py --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+QUESTIONS = [
+    (a, op, b)
+    for a, b in [(12, 7), (9, 8), (25, 4), (31, 6), (14, 3), (48, 2), (17, 5), (66, 9), (23, 11)]
+    for op in ("+", "*")
+]
+INSTRUCTION = "Answer with the number only."
+TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def prompt_text(question: tuple[int, str, int]) -> str:
+    a, op, b = question
+    return f"What is {a} {op} {b}? {INSTRUCTION}"
+
+
+def digit_fraction(text: str) -> float:
+    """The reward: share of non-space characters that are digits (0 for an empty answer)."""
+    chars = [c for c in text if not c.isspace()]
+    return sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
+
+
+@dataclass
+class RunStats:
+    name: str
+    step_seconds: list[float] = field(default_factory=list)
+    # CPU seconds of this process (all threads): less sensitive than wall time to other
+    # processes on the cores (though OpenMP spin-waits inflate it under contention).
+    step_cpu_seconds: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    completion_tokens: list[float] = field(default_factory=list)
+    parts: dict[str, list[float]] = field(default_factory=dict)
+    adapter_dir: Path | None = None
+    eval_reward: float | None = None
+
+    def measured(self, warmup: int, cpu: bool = False) -> list[float]:
+        values = self.step_cpu_seconds if cpu else self.step_seconds
+        return values[warmup:] or values
+
+
+# ----------------------------------------------------------------------------------- ours
+
+
+async def run_ours(args: argparse.Namespace, batches: list[list[str]], workdir: Path) -> RunStats:
+    import art_core as art
+    from art_core.training import TrainConfig
+
+    stats = RunStats("art_core")
+    config = TrainConfig(
+        learning_rate=args.lr,
+        lora_rank=args.lora_rank,
+        lora_alpha=2 * args.lora_rank,
+        lora_target_modules=tuple(TARGET_MODULES),
+        adam_betas=(0.9, 0.99),
+        epsilon=0.2,
+        max_grad_norm=1.0,
+        scale_rewards=True,
+    )
+
+    async def rollout(model: art.TrainableModel, prompt: str) -> art.Trajectory:
+        async with art.capture(model) as run:
+            response = await run.openai_client().chat.completions.create(
+                model=run.model_name,
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=args.max_tokens,
+                temperature=1.0,
+            )
+        answer = response.choices[0].message.content or ""
+        return run.trajectory(reward=digit_fraction(answer))
+
+    async with art.LocalBackend(path=workdir / "ours", dtype=args.engine_dtype) as backend:
+        model = art.TrainableModel(name="bench", project="bench", base_model="smollm2-135m")
+        await model.register(backend)
+        for step, prompts in enumerate(batches):
+            started, cpu_started = time.perf_counter(), time.process_time()
+            groups = await art.gather_trajectory_groups(
+                (
+                    art.TrajectoryGroup(rollout(model, p) for _ in range(args.group_size))
+                    for p in prompts
+                ),
+                pbar_desc=None,
+            )
+            sampled = time.perf_counter()
+            result = await model.train(groups, config=config)
+            done = time.perf_counter()
+            stats.step_seconds.append(done - started)
+            stats.step_cpu_seconds.append(time.process_time() - cpu_started)
+            stats.parts.setdefault("sample", []).append(sampled - started)
+            stats.parts.setdefault("train", []).append(done - sampled)
+            trajectories = [t for g in groups for t in g.trajectories]
+            stats.rewards.append(statistics.fmean(t.reward for t in trajectories))
+            stats.completion_tokens.append(
+                statistics.fmean(t.num_completion_tokens for t in trajectories)
+            )
+            print(
+                f"  ours step {step + 1}: {done - started:5.1f} s, cpu {stats.step_cpu_seconds[-1]:5.1f} s "
+                f"(sample {sampled - started:4.1f}, "
+                f"train {done - sampled:4.1f}), reward {stats.rewards[-1]:.3f}, "
+                f"logprob mismatch {result.metrics['train/logprob_mismatch']:.4f}",
+                flush=True,
+            )
+        stats.adapter_dir = Path(result.checkpoint_path)
+    return stats
+
+
+# ------------------------------------------------------------------------------------ TRL
+
+
+def run_trl(
+    args: argparse.Namespace, batches: list[list[str]], base: Path, workdir: Path
+) -> RunStats:
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    stats = RunStats("TRL GRPOTrainer")
+    rows = [{"prompt": [{"role": "user", "content": p}]} for prompts in batches for p in prompts]
+
+    def reward(completions: list[Any], **_: Any) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [digit_fraction(t) for t in texts]
+
+    class StepTimer(TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            self.started, self.cpu_started = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            stats.step_seconds.append(time.perf_counter() - self.started)
+            stats.step_cpu_seconds.append(time.process_time() - self.cpu_started)
+
+        def on_log(
+            self, _args: Any, state: Any, _control: Any, logs: Any = None, **__: Any
+        ) -> None:
+            if logs and "reward" in logs:
+                stats.rewards.append(float(logs["reward"]))
+                stats.completion_tokens.append(float(logs.get("completions/mean_length", 0.0)))
+                print(
+                    f"  TRL  step {state.global_step}: {stats.step_seconds[-1]:5.1f} s, "
+                    f"cpu {stats.step_cpu_seconds[-1]:5.1f} s, "
+                    f"reward {stats.rewards[-1]:.3f}",
+                    flush=True,
+                )
+
+    config = GRPOConfig(
+        output_dir=str(workdir / "trl"),
+        use_cpu=True,
+        per_device_train_batch_size=args.prompts_per_step * args.group_size,
+        gradient_accumulation_steps=1,
+        num_generations=args.group_size,
+        max_completion_length=args.max_tokens,
+        max_steps=len(batches),
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        adam_beta2=0.99,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="grpo",
+        scale_rewards="group",
+        num_iterations=1,
+        temperature=1.0,
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        # TRL's own defaults on CPU (bf16 autocast, gradient checkpointing) measured ~2x
+        # slower here: HF generate under bf16 autocast re-casts every weight each token.
+        # Give TRL its fastest CPU settings unless --trl-defaults is passed.
+        **({} if args.trl_defaults else {"bf16": False, "gradient_checkpointing": False}),
+    )
+    trainer = GRPOTrainer(
+        model=str(base),
+        reward_funcs=reward,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        peft_config=LoraConfig(
+            r=args.lora_rank,
+            lora_alpha=2 * args.lora_rank,
+            target_modules=TARGET_MODULES,
+            task_type="CAUSAL_LM",
+        ),
+        callbacks=[StepTimer()],
+    )
+    trainer.train()
+    stats.adapter_dir = workdir / "trl-adapter"
+    trainer.model.save_pretrained(stats.adapter_dir)
+    del trainer
+    gc.collect()
+    return stats
+
+
+# ------------------------------------------------------------------------------ evaluation
+
+
+def evaluate(
+    base: Path, adapter: Path | None, prompts: list[str], samples: int, max_tokens: int
+) -> float:
+    """Mean reward of ``samples`` temperature-1 answers per prompt, with fixed seeds."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model: Any = AutoModelForCausalLM.from_pretrained(base)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    model.eval()
+    rewards = []
+    for index, prompt in enumerate(prompts):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt"
+        )
+        input_ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        torch.manual_seed(index)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids.repeat(samples, 1),
+                attention_mask=torch.ones_like(input_ids).repeat(samples, 1),
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=max_tokens,
+                pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+            )
+        for row in out[:, input_ids.shape[1] :]:
+            rewards.append(digit_fraction(tokenizer.decode(row, skip_special_tokens=True)))
+    return statistics.fmean(rewards)
+
+
+# ------------------------------------------------------------------------------------ main
+
+
+def summary(stats: RunStats, warmup: int) -> tuple[float, float]:
+    """Median wall seconds and median CPU seconds per measured step."""
+    return (
+        statistics.median(stats.measured(warmup)),
+        statistics.median(stats.measured(warmup, cpu=True)),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per loop")
+    parser.add_argument("--warmup", type=int, default=1, help="steps run first and not timed")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--prompts-per-step", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--lora-rank", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--eval-samples", type=int, default=4, help="answers per held-out prompt")
+    parser.add_argument(
+        "--engine-dtype", default=None, help="our engine's dtype (default: its own)"
+    )
+    parser.add_argument("--only", choices=["both", "ours", "trl"], default="both")
+    parser.add_argument(
+        "--trl-defaults",
+        action="store_true",
+        help="TRL with its CPU defaults (bf16, checkpointing)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    args = parser.parse_args()
+
+    import torch
+
+    from art_core.embedded import resolve_base_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    base = resolve_base_model("smollm2-135m")
+    total = args.warmup + args.steps
+    prompts = [prompt_text(q) for q in QUESTIONS]
+    needed = total * args.prompts_per_step
+    train_prompts = [prompts[i % (len(prompts) - 4)] for i in range(needed)]
+    eval_prompts = prompts[-4:]
+    batches = [
+        train_prompts[i * args.prompts_per_step : (i + 1) * args.prompts_per_step]
+        for i in range(total)
+    ]
+    print(
+        f"smollm2-135m, {args.prompts_per_step} prompts x {args.group_size} rollouts per step, "
+        f"{args.max_tokens} max tokens, LoRA r{args.lora_rank}, lr {args.lr}, "
+        f"{args.warmup} warmup + {args.steps} measured steps, torch threads {torch.get_num_threads()}, "
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    results: list[RunStats] = []
+    with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
+        workdir = Path(tmp)
+        if args.only in ("both", "ours"):
+            print("art_core loop:", flush=True)
+            results.append(asyncio.run(run_ours(args, batches, workdir)))
+            gc.collect()
+        if args.only in ("both", "trl"):
+            print("TRL GRPOTrainer:", flush=True)
+            results.append(run_trl(args, batches, base, workdir))
+        print(
+            "evaluating final adapters on held-out prompts (same sampler, same seeds)...",
+            flush=True,
+        )
+        base_reward = evaluate(base, None, eval_prompts, args.eval_samples, args.max_tokens)
+        for stats in results:
+            stats.eval_reward = evaluate(
+                base, stats.adapter_dir, eval_prompts, args.eval_samples, args.max_tokens
+            )
+
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f} (2 cores; other load skews timings)")
+    header = (
+        f"{'loop':<18}{'wall s/step':>12}{'cpu s/step':>12}{'tokens/rollout':>16}"
+        f"{'train reward (last)':>21}{'eval reward':>13}"
+    )
+    print(header)
+    print("-" * len(header))
+    print(f"{'base model':<18}{'':>12}{'':>12}{'':>16}{'':>21}{base_reward:>13.3f}")
+    for stats in results:
+        wall, cpu = summary(stats, args.warmup)
+        print(
+            f"{stats.name:<18}{wall:>12.2f}{cpu:>12.2f}"
+            f"{statistics.fmean(stats.completion_tokens):>16.1f}"
+            f"{stats.rewards[-1] if stats.rewards else float('nan'):>21.3f}{stats.eval_reward:>13.3f}"
+        )
+    if len(results) == 2:
+        ours, trl = results
+        (trl_wall, trl_cpu), (our_wall, our_cpu) = (
+            summary(trl, args.warmup),
+            summary(ours, args.warmup),
+        )
+        print(
+            f"\nspeedup, TRL / ours (medians): wall {trl_wall / our_wall:.2f}x, "
+            f"cpu {trl_cpu / our_cpu:.2f}x"
+        )
+        if "sample" in ours.parts:
+            sample = statistics.median(ours.parts["sample"][args.warmup :] or ours.parts["sample"])
+            train = statistics.median(ours.parts["train"][args.warmup :] or ours.parts["train"])
+            print(f"ours per step: sampling {sample:.2f} s, training + hot-swap {train:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

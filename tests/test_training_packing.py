@@ -1,0 +1,127 @@
+"""Packing keeps attention inside each sequence; micro-batches respect the token budget."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from art_core.embedded import resolve_base_model
+from art_core.training.packing import (
+    TrainingExample,
+    block_causal_mask,
+    make_micro_batches,
+    pack_row,
+    pad_rows,
+    plan_rows,
+)
+from art_core.training.sequences import TokenSequence
+
+
+@pytest.fixture(scope="module")
+def model():  # type: ignore[no-untyped-def]
+    model = AutoModelForCausalLM.from_pretrained(resolve_base_model("tiny-random"))
+    return model.eval()
+
+
+def example(length: int, seed: int) -> TrainingExample:
+    rng = random.Random(seed)
+    ids = [rng.randrange(3, 600) for _ in range(length)]
+    mask = [False] * (length // 2) + [True] * (length - length // 2)
+    logprobs = [-1.0 if m else 0.0 for m in mask]
+    return TrainingExample(TokenSequence(ids, mask, logprobs), advantage=1.0, weight=1.0)
+
+
+def alone_logits(model, ex: TrainingExample) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Logits predicting each trained token, with the sequence run on its own."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ex.sequence.token_ids])).logits[0]
+    predict = torch.tensor([*ex.sequence.loss_mask[1:], False])
+    return logits[predict]
+
+
+def packed_logits(model, batch, **overrides) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    inputs = {
+        "input_ids": batch.input_ids,
+        "position_ids": batch.position_ids,
+        "attention_mask": batch.attention_mask,
+        "logits_to_keep": batch.predict_mask,
+        "use_cache": False,
+    }
+    inputs.update(overrides)
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+def test_packed_row_gives_each_sequence_the_logits_it_has_alone(model) -> None:  # type: ignore[no-untyped-def]
+    examples = [example(9, 1), example(14, 2), example(5, 3)]
+    batch = pack_row(examples)
+    assert batch.input_ids.shape == (1, 28)
+    assert batch.position_ids[0].tolist() == [*range(9), *range(14), *range(5)]
+    logits = packed_logits(model, batch)
+    expected = torch.cat([alone_logits(model, ex) for ex in examples])
+    assert logits.shape == expected.shape == (batch.num_trainable_tokens, model.config.vocab_size)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-4)
+    # The per-token tensors line up with those logits: targets are the trained ids in order.
+    targets = [
+        t
+        for ex in examples
+        for t, m in zip(ex.sequence.token_ids, ex.sequence.loss_mask, strict=True)
+        if m
+    ]
+    assert batch.target_ids.tolist() == targets
+
+    # Without the block mask the second sequence would see the first: the check can fail.
+    leaky = packed_logits(model, batch, attention_mask=torch.ones_like(batch.input_ids))
+    assert not torch.allclose(leaky, expected, atol=1e-3)
+
+
+def test_padded_rows_match_too(model) -> None:  # type: ignore[no-untyped-def]
+    examples = [example(12, 4), example(6, 5)]
+    batch = pad_rows(examples)
+    assert batch.input_ids.shape == (2, 12)
+    logits = packed_logits(model, batch)
+    expected = torch.cat([alone_logits(model, ex) for ex in examples])
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_varlen_attention_gets_no_mask_but_restarting_positions() -> None:
+    batch = pack_row([example(4, 1), example(3, 2)], attn_implementation="flash_attention_2")
+    assert batch.attention_mask is None
+    assert batch.position_ids[0].tolist() == [0, 1, 2, 3, 0, 1, 2]
+
+
+def test_block_causal_mask_by_hand() -> None:
+    mask = block_causal_mask([2, 2], 5).int().tolist()
+    assert mask == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 1, 1, 0],
+        [0, 0, 0, 0, 1],  # padding attends to itself only (never an empty softmax row)
+    ]
+
+
+def test_micro_batches_respect_the_token_budget() -> None:
+    lengths = [30, 7, 12, 50, 5, 21, 9, 16, 80]
+    examples = [example(n, i) for i, n in enumerate(lengths)]
+    for packing in (True, False):
+        batches = make_micro_batches(examples, max_tokens=64, packing=packing)
+        seen = sorted(n for b in batches for n in [b.num_tokens])
+        assert sum(b.num_sequences for b in batches) == len(lengths)
+        assert sum(b.num_trainable_tokens for b in batches) == sum(n - n // 2 for n in lengths)
+        for b in batches:
+            padded = b.input_ids.numel()
+            assert padded <= 64 or b.num_sequences == 1, (packing, padded, seen)
+    packed = make_micro_batches(examples, max_tokens=64, packing=True)
+    # First-fit decreasing: the 80-token sequence alone, the other 150 tokens in the minimum
+    # of ceil(150 / 64) = 3 rows: 50+12 | 30+21+9 | 16+7+5.
+    assert sorted(b.num_tokens for b in packed) == [28, 60, 62, 80]
+    assert plan_rows([80, 10], 64) == [[0], [1]]
+
+
+def test_examples_without_trained_tokens_are_dropped() -> None:
+    context_only = TrainingExample(TokenSequence([1, 2, 3], [False] * 3, [0.0] * 3), 1.0, 1.0)
+    assert make_micro_batches([context_only], max_tokens=64) == []
