@@ -38,7 +38,7 @@ shift || true
 case "$command" in
   demo)
     setup
-    exec "$VENV/bin/art-core" demo "$@"
+    exec "$VENV/bin/art-core" mcp demo "$@"
     ;;
   test)
     setup

@@ -123,6 +123,7 @@ async def run_ours(args: argparse.Namespace, batches: list[list[str]], workdir: 
             stats.step_cpu_seconds.append(time.process_time() - cpu_started)
             stats.parts.setdefault("sample", []).append(sampled - started)
             stats.parts.setdefault("train", []).append(done - sampled)
+            stats.parts.setdefault("trainer", []).append(result.metrics["train/seconds"])
             trajectories = [t for g in groups for t in g.trajectories]
             stats.rewards.append(statistics.fmean(t.reward for t in trajectories))
             stats.completion_tokens.append(
@@ -220,7 +221,23 @@ def run_trl(
         ),
         callbacks=[StepTimer()],
     )
+    # Time TRL's sampling (HF generate) separately, to compare the training parts too.
+    generate = trainer._generate
+    step_sampling: list[float] = []
+
+    def timed_generate(*a: Any, **kw: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return generate(*a, **kw)
+        finally:
+            step_sampling.append(time.perf_counter() - started)
+
+    trainer._generate = timed_generate
     trainer.train()
+    stats.parts["sample"] = step_sampling
+    stats.parts["train"] = [
+        total - s for total, s in zip(stats.step_seconds, step_sampling, strict=False)
+    ]
     stats.adapter_dir = workdir / "trl-adapter"
     trainer.model.save_pretrained(stats.adapter_dir)
     del trainer
@@ -371,10 +388,21 @@ def main() -> None:
             f"\nspeedup, TRL / ours (medians): wall {trl_wall / our_wall:.2f}x, "
             f"cpu {trl_cpu / our_cpu:.2f}x"
         )
-        if "sample" in ours.parts:
-            sample = statistics.median(ours.parts["sample"][args.warmup :] or ours.parts["sample"])
-            train = statistics.median(ours.parts["train"][args.warmup :] or ours.parts["train"])
-            print(f"ours per step: sampling {sample:.2f} s, training + hot-swap {train:.2f} s")
+
+    def part(stats: RunStats, name: str) -> float:
+        values = stats.parts.get(name, [])
+        return statistics.median(values[args.warmup :] or values) if values else float("nan")
+
+    for stats in results:
+        line = f"{stats.name}: sampling {part(stats, 'sample'):.2f} s/step, "
+        if "trainer" in stats.parts:
+            line += (
+                f"training {part(stats, 'trainer'):.2f} s/step + engine pause/hot-swap/bookkeeping "
+                f"{part(stats, 'train') - part(stats, 'trainer'):.2f} s/step"
+            )
+        else:
+            line += f"training {part(stats, 'train'):.2f} s/step"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,11 @@ from transformers import AutoModelForCausalLM
 from art_core.embedded import resolve_base_model
 from art_core.training.packing import (
     TrainingExample,
-    block_causal_mask,
     make_micro_batches,
     pack_row,
     pad_rows,
     plan_rows,
+    shareable_prefix,
 )
 from art_core.training.sequences import TokenSequence
 
@@ -26,12 +26,14 @@ def model():  # type: ignore[no-untyped-def]
     return model.eval()
 
 
-def example(length: int, seed: int) -> TrainingExample:
+def example(length: int, seed: int, prompt: list[int] | None = None) -> TrainingExample:
+    """``length`` random ids, the completion after ``prompt`` (default: the first half) trained."""
     rng = random.Random(seed)
-    ids = [rng.randrange(3, 600) for _ in range(length)]
-    mask = [False] * (length // 2) + [True] * (length - length // 2)
+    prompt = prompt or [rng.randrange(3, 600) for _ in range(length // 2)]
+    completion = [rng.randrange(3, 600) for _ in range(length - len(prompt))]
+    mask = [False] * len(prompt) + [True] * len(completion)
     logprobs = [-1.0 if m else 0.0 for m in mask]
-    return TrainingExample(TokenSequence(ids, mask, logprobs), advantage=1.0, weight=1.0)
+    return TrainingExample(TokenSequence(prompt + completion, mask, logprobs), 1.0, 1.0)
 
 
 def alone_logits(model, ex: TrainingExample) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -43,6 +45,7 @@ def alone_logits(model, ex: TrainingExample) -> torch.Tensor:  # type: ignore[no
 
 
 def packed_logits(model, batch, **overrides) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Logits predicting each trained token of the batch, in the batch's target order."""
     inputs = {
         "input_ids": batch.input_ids,
         "position_ids": batch.position_ids,
@@ -52,12 +55,12 @@ def packed_logits(model, batch, **overrides) -> torch.Tensor:  # type: ignore[no
     }
     inputs.update(overrides)
     with torch.no_grad():
-        return model(**inputs).logits
+        return model(**inputs).logits[batch.target_rows]
 
 
 def test_packed_row_gives_each_sequence_the_logits_it_has_alone(model) -> None:  # type: ignore[no-untyped-def]
     examples = [example(9, 1), example(14, 2), example(5, 3)]
-    batch = pack_row(examples)
+    batch = pack_row(examples, share_prefixes=False)
     assert batch.input_ids.shape == (1, 28)
     assert batch.position_ids[0].tolist() == [*range(9), *range(14), *range(5)]
     logits = packed_logits(model, batch)
@@ -78,6 +81,35 @@ def test_packed_row_gives_each_sequence_the_logits_it_has_alone(model) -> None: 
     assert not torch.allclose(leaky, expected, atol=1e-3)
 
 
+def test_shared_prompts_are_run_once_and_give_the_same_logits(model) -> None:  # type: ignore[no-untyped-def]
+    system = [11, 12, 13, 14, 15, 16]
+    task_a, task_b = [*system, 21, 22, 23], [*system, 31, 32]
+    examples = [
+        example(16, 1, prompt=task_a),
+        example(14, 2, prompt=task_a),
+        example(12, 3, prompt=task_b),  # shares only the system prompt with task A
+        example(13, 4, prompt=task_b),
+        example(8, 5),  # shares nothing
+    ]
+    batch = pack_row(examples)
+    # task A's prompt (9 tokens) is stored once, task B's suffix (2) once, the rest per rollout.
+    stored = 16 + (14 - 9) + (12 - 6) + (13 - 8) + 8
+    assert batch.num_tokens == batch.input_ids.shape[1] == stored
+    assert shareable_prefix(examples[1].sequence, examples[0].sequence) == 9
+    logits = packed_logits(model, batch)
+    expected = torch.cat([alone_logits(model, ex) for ex in examples])
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-4)
+    # The first completion token of both task-A rollouts is predicted by the same position.
+    assert batch.target_rows[0] == batch.target_rows[16 - 9]
+    targets = [
+        t
+        for ex in examples
+        for t, m in zip(ex.sequence.token_ids, ex.sequence.loss_mask, strict=True)
+        if m
+    ]
+    assert batch.target_ids.tolist() == targets
+
+
 def test_padded_rows_match_too(model) -> None:  # type: ignore[no-untyped-def]
     examples = [example(12, 4), example(6, 5)]
     batch = pad_rows(examples)
@@ -93,33 +125,65 @@ def test_varlen_attention_gets_no_mask_but_restarting_positions() -> None:
     assert batch.position_ids[0].tolist() == [0, 1, 2, 3, 0, 1, 2]
 
 
-def test_block_causal_mask_by_hand() -> None:
-    mask = block_causal_mask([2, 2], 5).int().tolist()
-    assert mask == [
+def test_attention_masks_by_hand() -> None:
+    a = TrainingExample(TokenSequence([1, 2, 3], [False, False, True], [0.0, 0.0, -1.0]), 1, 1)
+    b = TrainingExample(TokenSequence([1, 2, 4, 5], [False, False, True, True], [0.0] * 4), 1, 1)
+    # Without sharing: block-diagonal causal.
+    assert pack_row([a, b], share_prefixes=False).attention_mask[0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0, 0],
+        [0, 0, 0, 1, 1, 0, 0],
+        [0, 0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 1, 1, 1, 1],
+    ]
+    # With sharing, b stores [4, 5] and reads [1, 2] from a, but never a's own token 3.
+    shared = pack_row([a, b])
+    assert shared.input_ids.tolist() == [[1, 2, 3, 4, 5]]
+    assert shared.position_ids.tolist() == [[0, 1, 2, 2, 3]]
+    assert shared.attention_mask[0, 0].int().tolist() == [
         [1, 0, 0, 0, 0],
         [1, 1, 0, 0, 0],
-        [0, 0, 1, 0, 0],
-        [0, 0, 1, 1, 0],
-        [0, 0, 0, 0, 1],  # padding attends to itself only (never an empty softmax row)
+        [1, 1, 1, 0, 0],
+        [1, 1, 0, 1, 0],
+        [1, 1, 0, 1, 1],
     ]
+    # Position 1 predicts both a's 3 and b's 4; position 3 predicts b's 5.
+    assert shared.predict_mask.int().tolist() == [[0, 1, 0, 1, 0]]
+    assert shared.target_rows.tolist() == [0, 0, 1]
 
 
 def test_micro_batches_respect_the_token_budget() -> None:
     lengths = [30, 7, 12, 50, 5, 21, 9, 16, 80]
     examples = [example(n, i) for i, n in enumerate(lengths)]
     for packing in (True, False):
-        batches = make_micro_batches(examples, max_tokens=64, packing=packing)
+        batches = make_micro_batches(examples, max_tokens=64, packing=packing, share_prefixes=False)
         seen = sorted(n for b in batches for n in [b.num_tokens])
         assert sum(b.num_sequences for b in batches) == len(lengths)
         assert sum(b.num_trainable_tokens for b in batches) == sum(n - n // 2 for n in lengths)
         for b in batches:
             padded = b.input_ids.numel()
             assert padded <= 64 or b.num_sequences == 1, (packing, padded, seen)
-    packed = make_micro_batches(examples, max_tokens=64, packing=True)
+    packed = make_micro_batches(examples, max_tokens=64, share_prefixes=False)
     # First-fit decreasing: the 80-token sequence alone, the other 150 tokens in the minimum
     # of ceil(150 / 64) = 3 rows: 50+12 | 30+21+9 | 16+7+5.
     assert sorted(b.num_tokens for b in packed) == [28, 60, 62, 80]
     assert plan_rows([80, 10], 64) == [[0], [1]]
+
+
+def test_a_group_sharing_its_prompt_fits_more_rollouts_per_row() -> None:
+    prompt = list(range(100, 140))  # 40 shared prompt tokens, 8 rollouts of 50 tokens
+    group = [example(50, seed, prompt=prompt) for seed in range(8)]
+    plain = make_micro_batches(group, max_tokens=128, share_prefixes=False)
+    shared = make_micro_batches(group, max_tokens=128)
+    assert [b.num_sequences for b in plain] == [2, 2, 2, 2]
+    # 40 + 8 * 10 = 120 tokens: the whole group in one row.
+    assert [(b.num_sequences, b.num_tokens) for b in shared] == [(8, 120)]
+    # Over budget, the group is split and each part stores the prompt once.
+    split = make_micro_batches(group, max_tokens=100)
+    assert all(b.num_tokens <= 100 for b in split)
+    assert sum(b.num_sequences for b in split) == 8
 
 
 def test_examples_without_trained_tokens_are_dropped() -> None:

@@ -89,6 +89,10 @@ class TrainConfig(BaseModel):
     packing: bool = Field(
         default=True, description="Pack several sequences per row (attention kept inside each one)."
     )
+    share_prefixes: bool = Field(
+        default=True,
+        description="With packing, run a prompt shared by several rollouts once per row.",
+    )
     gradient_checkpointing: bool = False
 
     # Schedule: by default one optimizer step per ``train`` call, whatever the batch size

@@ -6,6 +6,11 @@ position ids restart at 0 for every sequence and a block-diagonal causal mask (4
 ``True`` = may attend) stops a token from seeing the sequence packed before it. Flash
 attention implementations take the position ids alone (varlen kernels) and get no mask.
 
+The rollouts of a GRPO group share their prompt (for agents: system prompt, tool schemas,
+task), often most of each sequence. With prefix sharing the prompt is stored once per row
+and every rollout's own tokens attend to that copy, so the shared context is run once
+instead of once per rollout; the mask makes each token see exactly what it would alone.
+
 Only the logits of positions whose next token is trained are computed: ``predict_mask``
 goes to the model as ``logits_to_keep`` (transformers >= 5 takes a boolean mask and returns
 the kept positions flattened, row-major), which saves the ``(tokens, vocab)`` logits of all
@@ -41,19 +46,23 @@ class TrainingExample:
 class MicroBatch:
     """Tensors for one forward/backward pass (CPU; the trainer moves them to its device).
 
-    ``predict_mask[b, t]`` is true when the token at ``t + 1`` of row ``b`` is trained; the
-    per-token tensors (``target_ids`` ...) list those tokens in row-major order.
+    ``predict_mask[b, t]`` is true where the logits of position ``t`` of row ``b`` are
+    needed (they predict a trained token); the model returns those logits flattened in
+    row-major order, and ``target_rows[i]`` says which of them predicts trained token ``i``
+    (a shared prompt's last position predicts the first token of every rollout sharing it).
+    The per-token tensors (``target_ids`` ...) list the trained tokens in sequence order.
     """
 
     input_ids: torch.Tensor  # (rows, length) long
     position_ids: torch.Tensor  # (rows, length) long
     attention_mask: torch.Tensor | None  # (rows, 1, length, length) bool, (rows, length), or None
     predict_mask: torch.Tensor  # (rows, length) bool
+    target_rows: torch.Tensor  # (n,) long, indexes the kept (predict_mask) logits
     target_ids: torch.Tensor  # (n,) long
     sampler_logprobs: torch.Tensor  # (n,) float
     advantages: torch.Tensor  # (n,) float
     weights: torch.Tensor  # (n,) float
-    num_tokens: int  # real (non-padding) tokens in the batch
+    num_tokens: int  # tokens actually run (shared prefixes counted once, no padding)
     num_sequences: int
 
     @property
@@ -61,34 +70,105 @@ class MicroBatch:
         return int(self.target_ids.shape[0])
 
 
-def block_causal_mask(lengths: Sequence[int], row_length: int) -> torch.Tensor:
-    """A ``(row_length, row_length)`` boolean mask: causal inside each packed sequence.
+def first_trained_index(sequence: TokenSequence) -> int:
+    """Index of the first trained token (``len(sequence)`` when none is trained)."""
+    return next((i for i, trained in enumerate(sequence.loss_mask) if trained), len(sequence))
 
-    Positions after the last sequence (padding) attend only to themselves, so no row of the
-    mask is empty (an all-False row would give NaN in softmax).
+
+def shareable_prefix(a: TokenSequence, b: TokenSequence) -> int:
+    """How many leading tokens ``a`` can reuse from ``b``: common, and context in both.
+
+    Trained tokens are never shared (each rollout trains its own with its own advantage).
 
     Example:
-        >>> block_causal_mask([2, 1], 3).int().tolist()
-        [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+        >>> a = TokenSequence([1, 2, 3, 4], [False, False, True, True], [0.0, 0.0, -1.0, -1.0])
+        >>> b = TokenSequence([1, 2, 5], [False, False, True], [0.0, 0.0, -1.0])
+        >>> shareable_prefix(a, b)
+        2
     """
-    segment = torch.empty(row_length, dtype=torch.long)
+    ids_a, ids_b = a.token_ids, b.token_ids
+    low, high = 0, min(first_trained_index(a), first_trained_index(b))
+    # Binary search on slice equality: list comparisons run in C, prompts can be long.
+    while low < high:
+        middle = (low + high + 1) // 2
+        if ids_a[:middle] == ids_b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+@dataclass
+class _Placed:
+    """Where a sequence lives in a packed row."""
+
+    example: TrainingExample
+    start: int  # row position of its first stored token
+    host: _Placed | None = None  # the sequence whose tokens it reads for its prefix
+    shared: int = 0  # leading tokens read from the host instead of stored again
+
+    def row_position(self, index: int) -> int:
+        """The row position holding token ``index`` of this sequence."""
+        if self.host is not None and index < self.shared:
+            return self.host.row_position(index)
+        return self.start + index - self.shared
+
+    def row_positions(self) -> torch.Tensor:
+        """Row positions of all its tokens, shared prefix included."""
+        own = torch.arange(self.start, self.start + self.stored)
+        if self.host is None:
+            return own
+        return torch.cat([self.host.row_positions()[: self.shared], own])
+
+    @property
+    def stored(self) -> int:
+        return len(self.example) - self.shared
+
+
+def _place(examples: Sequence[TrainingExample], share_prefixes: bool) -> list[_Placed]:
+    """Lay sequences end to end; with sharing, each reuses the longest shareable prefix of
+    any sequence already placed (so the cost of a sequence never exceeds its length minus
+    what it shares with the first rollout of its group)."""
+    placed: list[_Placed] = []
     start = 0
-    for index, length in enumerate(lengths):
-        segment[start : start + length] = index
-        start += length
-    if start > row_length:
-        raise ValueError(f"sequences of total length {start} do not fit a row of {row_length}")
-    # Each padding position is a segment of its own.
-    segment[start:] = torch.arange(len(lengths), len(lengths) + row_length - start)
-    same_segment = segment.unsqueeze(0) == segment.unsqueeze(1)
-    causal = torch.ones(row_length, row_length, dtype=torch.bool).tril()
-    return same_segment & causal
+    for example in examples:
+        here = _Placed(example, start)
+        if share_prefixes and placed:
+            best = max(placed, key=lambda p: shareable_prefix(example.sequence, p.example.sequence))
+            shared = shareable_prefix(example.sequence, best.example.sequence)
+            if shared > 0:
+                here.host, here.shared = best, shared
+        placed.append(here)
+        start += here.stored
+    return placed
+
+
+def packed_attention_mask(placed: Sequence[_Placed], row_length: int) -> torch.Tensor:
+    """``(row_length, row_length)`` boolean mask: each sequence sees only its own tokens.
+
+    A stored token at sequence index ``i`` attends to the row positions of its sequence's
+    tokens ``0..i``, wherever they are stored (its own span, or a host's shared prefix), so
+    every token attends exactly as if its sequence ran alone.
+
+    Example:
+        >>> a = TrainingExample(TokenSequence([7, 8, 9], [False, False, True], [0, 0, -1.0]), 1, 1)
+        >>> b = TrainingExample(TokenSequence([7, 8, 5], [False, False, True], [0, 0, -1.0]), 1, 1)
+        >>> packed_attention_mask(_place([a, b], share_prefixes=True), 4).int().tolist()
+        [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 1]]
+    """
+    mask = torch.zeros(row_length, row_length, dtype=torch.bool)
+    for item in placed:
+        positions = item.row_positions()
+        # Causal over the sequence's own indices: stored token i sees indices 0..i.
+        sees = torch.ones(len(positions), len(positions), dtype=torch.bool).tril()[item.shared :]
+        mask[positions[item.shared :, None], positions[None, :]] = sees
+    return mask
 
 
 def plan_rows(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Group sequence indices into rows of at most ``max_tokens`` tokens (first-fit decreasing).
+    """Group item indices into rows of at most ``max_tokens`` tokens (first-fit decreasing).
 
-    A sequence longer than the budget gets a row of its own rather than being cut.
+    An item longer than the budget gets a row of its own rather than being cut.
 
     Example:
         >>> plan_rows([3, 5, 2, 4], max_tokens=7)
@@ -111,21 +191,26 @@ def plan_rows(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return rows
 
 
-def _per_token_tensors(examples: Sequence[TrainingExample]) -> dict[str, torch.Tensor]:
-    """Row-major per-trained-token tensors of examples laid out one after another."""
+def _per_token_tensors(placed: Sequence[_Placed]) -> dict[str, torch.Tensor]:
+    """Per-trained-token tensors, and the row position whose logits predict each token."""
+    predict_positions: list[int] = []
     target_ids: list[int] = []
     sampler: list[float] = []
     advantages: list[float] = []
     weights: list[float] = []
-    for example in examples:
-        seq = example.sequence
-        for token, trained, logprob in zip(seq.token_ids, seq.loss_mask, seq.logprobs, strict=True):
+    for item in placed:
+        seq = item.example.sequence
+        for index, (token, trained, logprob) in enumerate(
+            zip(seq.token_ids, seq.loss_mask, seq.logprobs, strict=True)
+        ):
             if trained:
+                predict_positions.append(item.row_position(index - 1))
                 target_ids.append(token)
                 sampler.append(logprob)
-                advantages.append(example.advantage)
-                weights.append(example.weight)
+                advantages.append(item.example.advantage)
+                weights.append(item.example.weight)
     return {
+        "predict_positions": torch.tensor(predict_positions, dtype=torch.long),
         "target_ids": torch.tensor(target_ids, dtype=torch.long),
         "sampler_logprobs": torch.tensor(sampler, dtype=torch.float32),
         "advantages": torch.tensor(advantages, dtype=torch.float32),
@@ -133,43 +218,58 @@ def _per_token_tensors(examples: Sequence[TrainingExample]) -> dict[str, torch.T
     }
 
 
-def _predict_mask_row(examples: Sequence[TrainingExample], row_length: int) -> list[bool]:
-    """``True`` at the position before every trained token (its logits predict it)."""
-    row: list[bool] = []
-    for example in examples:
-        mask = example.sequence.loss_mask
-        row += [*mask[1:], False]
-    return row + [False] * (row_length - len(row))
+def _keep_and_rows(
+    predict_positions: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-major flat predict positions -> (bool keep mask, index of each in the kept rows)."""
+    keep = torch.zeros(width, dtype=torch.bool)
+    keep[predict_positions] = True
+    kept_index = torch.cumsum(keep.long(), 0) - 1
+    return keep, kept_index[predict_positions]
 
 
 def pack_row(
-    examples: Sequence[TrainingExample], *, attn_implementation: str | None = None
+    examples: Sequence[TrainingExample],
+    *,
+    attn_implementation: str | None = None,
+    share_prefixes: bool = True,
 ) -> MicroBatch:
-    """One packed row: sequences end to end, position ids restarting, block-causal mask.
+    """One packed row: sequences end to end, position ids restarting, per-sequence attention.
+
+    With ``share_prefixes`` (not possible with varlen flash attention, which only knows
+    position ids), a sequence whose context starts like one already in the row (the
+    rollouts of a group share their prompt) stores only the rest and attends to that
+    sequence's copy of the prefix: the prompt is run once per row, not once per rollout.
 
     Example:
         >>> seq = TokenSequence([5, 6, 7], [False, False, True], [0.0, 0.0, -0.7])
-        >>> batch = pack_row([TrainingExample(seq, 1.0, 1.0)] * 2)
+        >>> batch = pack_row([TrainingExample(seq, 1.0, 1.0)] * 2, share_prefixes=False)
         >>> batch.position_ids.tolist(), batch.predict_mask.int().tolist()
         ([[0, 1, 2, 0, 1, 2]], [[0, 1, 0, 0, 1, 0]])
+        >>> pack_row([TrainingExample(seq, 1.0, 1.0)] * 2).position_ids.tolist()
+        [[0, 1, 2, 2]]
     """
     if not examples:
         raise ValueError("cannot pack an empty list of examples")
-    lengths = [len(example) for example in examples]
-    row_length = sum(lengths)
-    input_ids = [token for example in examples for token in example.sequence.token_ids]
-    positions = [p for length in lengths for p in range(length)]
-    mask: torch.Tensor | None = None
-    if attn_implementation not in VARLEN_ATTENTION:
-        mask = block_causal_mask(lengths, row_length)[None, None]
+    varlen = attn_implementation in VARLEN_ATTENTION
+    placed = _place(examples, share_prefixes=share_prefixes and not varlen)
+    input_ids: list[int] = []
+    positions: list[int] = []
+    for item in placed:
+        input_ids += item.example.sequence.token_ids[item.shared :]
+        positions += range(item.shared, len(item.example))
+    row_length = len(input_ids)
+    tensors = _per_token_tensors(placed)
+    keep, target_rows = _keep_and_rows(tensors.pop("predict_positions"), row_length)
     return MicroBatch(
         input_ids=torch.tensor([input_ids], dtype=torch.long),
         position_ids=torch.tensor([positions], dtype=torch.long),
-        attention_mask=mask,
-        predict_mask=torch.tensor([_predict_mask_row(examples, row_length)], dtype=torch.bool),
+        attention_mask=None if varlen else packed_attention_mask(placed, row_length)[None, None],
+        predict_mask=keep[None],
+        target_rows=target_rows,
         num_tokens=row_length,
         num_sequences=len(examples),
-        **_per_token_tensors(examples),
+        **tensors,
     )
 
 
@@ -185,21 +285,50 @@ def pad_rows(examples: Sequence[TrainingExample], *, pad_token_id: int = 0) -> M
     if not examples:
         raise ValueError("cannot batch an empty list of examples")
     row_length = max(len(example) for example in examples)
-    input_ids, attention, predict = [], [], []
+    input_ids, attention = [], []
     for example in examples:
         pad = row_length - len(example)
         input_ids.append(example.sequence.token_ids + [pad_token_id] * pad)
         attention.append([1] * len(example) + [0] * pad)
-        predict.append(_predict_mask_row([example], row_length))
+    # Row b starts at flat position b * row_length of the (rows, length) grid.
+    placed = [_Placed(example, row * row_length) for row, example in enumerate(examples)]
+    tensors = _per_token_tensors(placed)
+    keep, target_rows = _keep_and_rows(tensors.pop("predict_positions"), len(examples) * row_length)
     return MicroBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.long),
         position_ids=torch.arange(row_length).expand(len(examples), -1).clone(),
         attention_mask=torch.tensor(attention, dtype=torch.long),
-        predict_mask=torch.tensor(predict, dtype=torch.bool),
+        predict_mask=keep.view(len(examples), row_length),
+        target_rows=target_rows,
         num_tokens=sum(len(example) for example in examples),
         num_sequences=len(examples),
-        **_per_token_tensors(examples),
+        **tensors,
     )
+
+
+def _prefix_units(
+    examples: Sequence[TrainingExample], max_tokens: int
+) -> list[tuple[list[TrainingExample], int]]:
+    """Examples grouped by the context before their first trained token (the rollouts of
+    a group share their prompt), split to fit the budget, each with its token cost when
+    the prompt is stored once."""
+    by_prefix: dict[tuple[int, ...], list[TrainingExample]] = {}
+    for example in examples:
+        key = tuple(example.sequence.token_ids[: first_trained_index(example.sequence)])
+        by_prefix.setdefault(key, []).append(example)
+    units: list[tuple[list[TrainingExample], int]] = []
+    for key, members in by_prefix.items():
+        current: list[TrainingExample] = []
+        cost = 0
+        for example in sorted(members, key=len, reverse=True):
+            extra = len(example) - (len(key) if current else 0)
+            if current and cost + extra > max_tokens:
+                units.append((current, cost))
+                current, cost, extra = [], 0, len(example)
+            current.append(example)
+            cost += extra
+        units.append((current, cost))
+    return units
 
 
 def make_micro_batches(
@@ -207,25 +336,34 @@ def make_micro_batches(
     *,
     max_tokens: int,
     packing: bool = True,
+    share_prefixes: bool = True,
     attn_implementation: str | None = None,
     pad_token_id: int = 0,
 ) -> list[MicroBatch]:
     """Split examples into micro-batches of at most ``max_tokens`` tokens each.
 
-    With ``packing``, each micro-batch is one packed row (first-fit decreasing). Without it,
-    sequences of similar length are padded into rows and ``rows * longest <= max_tokens``.
-    Examples with no trained token are dropped: they would cost a forward pass for nothing.
+    With ``packing``, each micro-batch is one packed row (first-fit decreasing); with
+    ``share_prefixes`` too, rollouts with the same prompt go to the same row and the prompt
+    is counted (and run) once. Without packing, sequences of similar length are padded into
+    rows and ``rows * longest <= max_tokens``. Examples with no trained token are dropped:
+    they would cost a forward pass for nothing.
 
     Example:
         >>> seq = TokenSequence([5, 6, 7], [False, False, True], [0.0, 0.0, -0.7])
-        >>> len(make_micro_batches([TrainingExample(seq, 1.0, 1.0)] * 5, max_tokens=6))
-        3
+        >>> [b.num_tokens for b in make_micro_batches([TrainingExample(seq, 1.0, 1.0)] * 5, max_tokens=6)]
+        [6, 3]
     """
     useful = [example for example in examples if example.sequence.num_trainable_tokens > 0]
     if packing:
-        rows = plan_rows([len(example) for example in useful], max_tokens)
+        share = share_prefixes and attn_implementation not in VARLEN_ATTENTION
+        units = _prefix_units(useful, max_tokens) if share else [([e], len(e)) for e in useful]
+        rows = plan_rows([cost for _, cost in units], max_tokens)
         return [
-            pack_row([useful[i] for i in row], attn_implementation=attn_implementation)
+            pack_row(
+                [example for i in row for example in units[i][0]],
+                attn_implementation=attn_implementation,
+                share_prefixes=share,
+            )
             for row in rows
         ]
     batches: list[MicroBatch] = []

@@ -41,7 +41,7 @@ from art_core.training.loading import (
     choose_device,
     load_trainable_model,
 )
-from art_core.training.loss import grpo_loss, token_logprobs
+from art_core.training.loss import LossOutput, grpo_loss, token_logprobs
 from art_core.training.packing import MicroBatch, make_micro_batches
 from art_core.training.storage import append_jsonl, read_jsonl, write_trajectory_groups
 from art_core.trajectories import TrajectoryGroup
@@ -152,7 +152,12 @@ class Trainer:
         if not groups:
             raise ValueError("train_step needs at least one TrajectoryGroup")
         with self._lock:
-            return self._train_step(groups, config, on_progress)
+            try:
+                return self._train_step(groups, config, on_progress)
+            except BaseException:
+                # The weights in memory may be half-updated: reload the latest checkpoint next.
+                self._loaded_step = -1
+                raise
 
     def delete_checkpoints(
         self,
@@ -253,6 +258,8 @@ class Trainer:
         if logits.ndim == 3:
             # A model that ignored the boolean logits_to_keep returned every position.
             logits = logits[batch.predict_mask.to(device)]
+        # One row per trained token (a shared prompt's last position predicts several).
+        logits = logits[batch.target_rows.to(device)]
         return token_logprobs(logits, batch.target_ids.to(device))
 
     @contextlib.contextmanager
@@ -285,6 +292,7 @@ class Trainer:
                 to_examples(chunk),
                 max_tokens=config.max_tokens_per_batch,
                 packing=config.packing,
+                share_prefixes=config.share_prefixes,
                 attn_implementation=attn,
             )
             for chunk in split_rollouts(prepared.rollouts, config.optimizer_steps_per_epoch)
@@ -312,24 +320,8 @@ class Trainer:
                 for index, micro_batches in enumerate(plan):
                     optimizer.zero_grad(set_to_none=True)
                     for position, batch in enumerate(micro_batches):
-                        logprobs, entropy = self._logprobs(batch, config)
-                        ref = self._ref_logprobs(batch, config)
-                        old = None
-                        if config.truncated_importance_sampling is not None:
-                            old = old_logprobs.get((index, position), logprobs.detach())
-                        out = grpo_loss(
-                            logprobs,
-                            batch.sampler_logprobs.to(self.device),
-                            batch.advantages.to(self.device),
-                            batch.weights.to(self.device),
-                            loss_type=config.loss,
-                            epsilon=config.epsilon,
-                            epsilon_high=config.upper_epsilon,
-                            old_logprobs=old,
-                            truncated_importance_sampling=config.truncated_importance_sampling,
-                            ref_logprobs=ref,
-                            beta=config.beta,
-                            entropy=entropy,
+                        out = self._micro_batch_loss(
+                            batch, config, old_logprobs.get((index, position))
                         )
                         out.loss.backward()
                         for name, value in out.metrics.items():
@@ -399,6 +391,30 @@ class Trainer:
             }
         )
         return self._save(step, new_step, groups, config, metrics)
+
+    def _micro_batch_loss(
+        self, batch: MicroBatch, config: TrainConfig, old_logprobs: torch.Tensor | None
+    ) -> LossOutput:
+        """Forward one micro-batch and compute its share of the step's loss."""
+        logprobs, entropy = self._logprobs(batch, config)
+        old = None
+        if config.truncated_importance_sampling is not None:
+            # Single optimizer step: the policy before the update is the current one.
+            old = logprobs.detach() if old_logprobs is None else old_logprobs
+        return grpo_loss(
+            logprobs,
+            batch.sampler_logprobs.to(self.device),
+            batch.advantages.to(self.device),
+            batch.weights.to(self.device),
+            loss_type=config.loss,
+            epsilon=config.epsilon,
+            epsilon_high=config.upper_epsilon,
+            old_logprobs=old,
+            truncated_importance_sampling=config.truncated_importance_sampling,
+            ref_logprobs=self._ref_logprobs(batch, config),
+            beta=config.beta,
+            entropy=entropy,
+        )
 
     def _old_logprobs(
         self, plan: list[list[MicroBatch]], config: TrainConfig

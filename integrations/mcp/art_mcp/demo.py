@@ -1,0 +1,136 @@
+"""``art-core mcp demo``: train SmolLM2-135M on CPU to use a shop's MCP tools, in minutes.
+
+The server (``examples/mcp/shop_server.py``) sells fruit at made-up prices: to answer "How much
+does a pear cost?" the model must call ``get_price`` (not ``get_stock``) with the right item,
+then report the number through ``complete_task``. Every task has a known answer, so rewards
+are computed by a program (``art_mcp.answer_reward``: 1 for the right number, partial credit
+for finding it / for a successful tool call); with ``--judge-model`` RULER scores the runs
+instead. It validates on held-out tasks before and after training and prints the comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from contextlib import AsyncExitStack
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+SERVER_SCRIPT = Path("examples/mcp/shop_server.py")
+SCENARIO_FILE = Path("examples/mcp/shop_scenarios.jsonl")
+MAX_ANSWER_CHARS = 40  # a short sentence: the forced call always closes within max_tokens
+SYSTEM_PROMPT = (
+    "You are a shop assistant. Look up the answer with a tool, then call complete_task "
+    "with the number you found."
+)
+
+
+def find_example(relative: Path) -> Path:
+    """``relative`` under the current folder, else under the repository this package is in."""
+    for root in (Path.cwd(), Path(__file__).resolve().parents[3]):
+        candidate = root / relative
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"cannot find {relative}: run the demo from the art-core repository root "
+        "(e.g. `bash run.sh demo`) or pass --server / --scenarios"
+    )
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = commands.add_parser(
+        "demo",
+        help="train smollm2-135m on CPU to use a shop's MCP tools (the main demo)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--base-model", default="smollm2-135m")
+    parser.add_argument("--path", default=".art")
+    parser.add_argument(
+        "--name", default=None, help="model name (default: a new one per run; reuse to resume)"
+    )
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--groups-per-step", type=int, default=4)
+    parser.add_argument("--rollouts-per-group", type=int, default=4)
+    parser.add_argument("--val-rollouts", type=int, default=2, help="runs per validation task")
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--lora-rank", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64, help="per model call")
+    parser.add_argument("--max-turns", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--server", default=None, help="another MCP server (command or URL)")
+    parser.add_argument("--scenarios", default=None, help="JSONL scenarios (with answers)")
+    parser.add_argument("--judge-model", default=None, help="score with RULER instead")
+    parser.add_argument("--judge-base-url", default=None)
+    parser.add_argument("--judge-api-key", default=None)
+    parser.set_defaults(func=lambda args: asyncio.run(run_demo(args)))
+
+
+async def run_demo(args: argparse.Namespace) -> int:
+    """Run the demo; returns 0 when the trained model's mean validation reward is higher.
+
+    Example:
+        >>> # art-core mcp demo --steps 8
+    """
+    from art_mcp.cli import open_log, train_from_args
+    from art_mcp.local import spawn_http_server
+    from art_mcp.rollout import RolloutSettings
+    from art_mcp.scenarios import load_scenarios
+
+    started = time.perf_counter()
+    scenarios = load_scenarios(args.scenarios or find_example(SCENARIO_FILE))
+    # Held-out validation tasks are marked in the file (metadata.split == "val").
+    val = [s for s in scenarios if s.metadata.get("split") == "val"]
+    train_set = [s for s in scenarios if s.metadata.get("split") != "val"]
+    if not val:
+        val, train_set = train_set[::5], [s for i, s in enumerate(train_set) if i % 5]
+    args.name = args.name or datetime.now().strftime("shop-%Y%m%d-%H%M%S")
+    args.project = "mcp-demo"
+    args.reward = None
+    args.temperature = 1.0
+    args.tool_choice = "required"
+    args.tool_timeout = 10.0
+    args.system_prompt = SYSTEM_PROMPT
+    # One forced tool call per turn, and a bounded final answer: a 135M model always produces
+    # a well-formed call, and what it learns is *which* tool, *which* argument, *what* answer.
+    args.extra_settings = {"parallel_tool_calls": False, "max_answer_chars": MAX_ANSWER_CHARS}
+    args.val_settings = RolloutSettings(
+        max_turns=args.max_turns,
+        max_tokens=args.max_tokens,
+        temperature=1.0,
+        tool_choice="required",
+        system_prompt=SYSTEM_PROMPT,
+        parallel_tool_calls=False,
+        max_answer_chars=MAX_ANSWER_CHARS,
+    )
+    print(
+        f"art-mcp demo: {len(train_set)} training / {len(val)} validation tasks, "
+        f"{args.steps} steps x {args.groups_per_step} groups x {args.rollouts_per_group} rollouts",
+        flush=True,
+    )
+    async with AsyncExitStack() as stack:
+        errlog = stack.enter_context(open_log(Path(args.path) / args.project / "shop-server.log"))
+        if args.server:
+            from art_mcp.servers import parse_server
+
+            server: Any = parse_server(args.server)
+        else:
+            # One server process for the whole run (a session per rollout over HTTP): spawning a
+            # stdio server per rollout would cost a Python start-up each time on 2 cores.
+            script = find_example(SERVER_SCRIPT)
+            server = await stack.enter_async_context(
+                spawn_http_server(f"python {script} --http", errlog=errlog)
+            )
+        report = await train_from_args(args, server, train_set, val, errlog=errlog)
+    wall = time.perf_counter() - started
+    before, after = report.before.mean_reward, report.after.mean_reward
+    verdict = "higher" if after > before else "NOT higher"
+    print(
+        f"\nThe trained model's mean validation reward is {verdict}: {before:.3f} -> {after:.3f} "
+        f"(step {report.before.step} -> {report.after.step}), total wall time {wall / 60:.1f} min.",
+        file=sys.stdout,
+    )
+    return 0 if after > before else 1

@@ -1,0 +1,314 @@
+"""``train``: scenarios -> groups of rollouts on an MCP server -> rewards -> GRPO steps.
+
+Each step takes ``groups_per_step`` scenarios (a seeded shuffle, so a resumed run continues
+the same schedule), runs ``rollouts_per_group`` rollouts of each, scores them (the user's
+``reward_fn``, or RULER when a judge is given) and calls ``model.train``. A validation pass
+runs before the first step and after the last; the report compares them. The step counter is
+the model's checkpoint step, so running ``train`` again resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from statistics import mean, pstdev
+from typing import Any, TextIO
+
+from tqdm.auto import tqdm
+
+import art_core as art
+from art_mcp.report import ValSummary, before_after_table
+from art_mcp.rollout import RewardFn, RolloutSettings, rollout
+from art_mcp.scenarios import Scenario
+from art_mcp.servers import ServerLike, parse_server
+
+
+@dataclass
+class Judge:
+    """An OpenAI-compatible RULER judge: model name, base URL (None = OpenAI), API key."""
+
+    model: str
+    base_url: str | None = None
+    api_key: str | None = None
+    rubric: str | None = None
+
+
+@dataclass
+class StepRecord:
+    """One training step: the rewards of its rollouts and what training reported."""
+
+    step: int
+    reward: float
+    reward_std: float
+    rollouts: int
+    failed: int
+    rollout_s: float
+    train_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TrainReport:
+    """What ``train`` did: per-step records and the validation passes before and after."""
+
+    steps: list[StepRecord]
+    before: ValSummary
+    after: ValSummary
+    wall_s: float
+    judged_jointly: bool = False
+
+    def table(self) -> str:
+        """The before/after table (RULER-judged jointly when a judge was used)."""
+        title = "validation, before vs after" + (
+            " (RULER: both judged in the same groups)" if self.judged_jointly else ""
+        )
+        return before_after_table(self.before, self.after, title=title)
+
+
+def scenarios_for_step(
+    scenarios: Sequence[Scenario], step: int, groups_per_step: int, seed: int = 0
+) -> list[Scenario]:
+    """The scenarios of step ``step``: consecutive slices of a seeded shuffle per epoch.
+
+    Example:
+        >>> pool = [Scenario(task=f"task number {i}") for i in range(5)]
+        >>> len(scenarios_for_step(pool, 3, 2)), scenarios_for_step(pool, 3, 2) == scenarios_for_step(pool, 3, 2)
+        (2, True)
+    """
+    if not scenarios:
+        raise ValueError("no scenarios to train on")
+    chosen = []
+    for index in range(step * groups_per_step, (step + 1) * groups_per_step):
+        epoch, position = divmod(index, len(scenarios))
+        order = list(range(len(scenarios)))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        chosen.append(scenarios[order[position]])
+    return chosen
+
+
+async def validate(
+    model: art.TrainableModel,
+    server: ServerLike,
+    scenarios: Sequence[Scenario],
+    *,
+    reward_fn: RewardFn | None = None,
+    rollouts_per_scenario: int = 1,
+    settings: RolloutSettings | None = None,
+    errlog: TextIO | None = None,
+    max_exceptions: int | float = 0.5,
+    desc: str | None = "validate",
+) -> list[art.TrajectoryGroup]:
+    """Run every validation scenario ``rollouts_per_scenario`` times; one group per scenario.
+
+    Example:
+        >>> groups = await validate(model, "python examples/mcp/shop_server.py", val,
+        ...                         reward_fn=check_answer)  # doctest: +SKIP
+    """
+    spec = parse_server(server)
+    return await art.gather_trajectory_groups(
+        (
+            art.TrajectoryGroup(
+                rollout(
+                    model,
+                    scenario,
+                    spec,
+                    reward_fn=reward_fn,
+                    settings=settings,
+                    errlog=errlog,
+                    metadata={"split": "val"},
+                )
+                for _ in range(rollouts_per_scenario)
+            )
+            for scenario in scenarios
+        ),
+        pbar_desc=desc,
+        max_exceptions=max_exceptions,
+    )
+
+
+async def train(
+    model: art.TrainableModel,
+    server: ServerLike,
+    scenarios: Sequence[Scenario],
+    *,
+    steps: int = 10,
+    groups_per_step: int = 4,
+    rollouts_per_group: int = 8,
+    reward_fn: RewardFn | None = None,
+    judge: Judge | None = None,
+    val_scenarios: Sequence[Scenario] | None = None,
+    val_rollouts_per_scenario: int = 2,
+    settings: RolloutSettings | None = None,
+    val_settings: RolloutSettings | None = None,
+    config: Any = None,
+    max_exceptions: int | float = 0.25,
+    seed: int = 0,
+    errlog: TextIO | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
+) -> TrainReport:
+    """Train ``model`` (registered) to solve ``scenarios`` with ``server``'s tools.
+
+    Rewards come from ``reward_fn(scenario, trajectory)`` or, with ``judge``, from RULER
+    (``art_core.rewards.ruler_score_group``; a group the judge fails on is dropped). Up to
+    ``max_exceptions`` rollouts of a step (a count, or a fraction when < 1) may fail (e.g. the
+    server crashed) before the step raises. ``val_scenarios`` default to the first 8 training
+    scenarios. ``config`` is an ``art.TrainConfig`` (default: ``learning_rate=1e-4``).
+    Resumes from the model's checkpoint step; returns the per-step records and the before /
+    after validation summaries (RULER-scored in joint groups when a judge is used).
+
+    Example:
+        >>> report = await art_mcp.train(model, "python examples/mcp/shop_server.py", scenarios,
+        ...                              steps=10, reward_fn=check_answer)  # doctest: +SKIP
+        >>> print(report.table())  # doctest: +SKIP
+    """
+    from art_core.training.config import TrainConfig
+
+    if reward_fn is None and judge is None:
+        raise ValueError("train needs a reward: pass reward_fn=... or judge=Judge(model=...)")
+    if steps < 1 or groups_per_step < 1 or rollouts_per_group < 1:
+        raise ValueError("steps, groups_per_step and rollouts_per_group must be >= 1")
+    scenarios = list(scenarios)
+    if not scenarios:
+        raise ValueError("no scenarios to train on")
+    if judge is not None and rollouts_per_group < 2:
+        raise ValueError("RULER compares runs: rollouts_per_group must be >= 2 with a judge")
+    config = config or TrainConfig(learning_rate=1e-4)
+    spec = parse_server(server)
+    val = list(val_scenarios) if val_scenarios is not None else scenarios[:8]
+    val_reward = None if judge is not None else reward_fn
+    started = time.perf_counter()
+
+    async def run_val(desc: str) -> tuple[int, list[art.TrajectoryGroup]]:
+        step = await model.get_step()
+        groups = await validate(
+            model,
+            spec,
+            val,
+            reward_fn=val_reward,
+            rollouts_per_scenario=val_rollouts_per_scenario,
+            settings=val_settings or settings,
+            errlog=errlog,
+            desc=desc,
+        )
+        if judge is None:
+            await model.log(groups, split="val")
+        return step, groups
+
+    before_step, before_groups = await run_val("validate (before)")
+    records: list[StepRecord] = []
+    first = await model.get_step()
+    bar = tqdm(total=steps, initial=min(first, steps), desc="mcp train", unit="step")
+    try:
+        step = first
+        while step < steps:
+            chosen = scenarios_for_step(scenarios, step, groups_per_step, seed)
+            rollout_started = time.perf_counter()
+            groups = await art.gather_trajectory_groups(
+                (
+                    art.TrajectoryGroup(
+                        rollout(
+                            model,
+                            scenario,
+                            spec,
+                            reward_fn=reward_fn if judge is None else None,
+                            settings=settings,
+                            errlog=errlog,
+                            metadata={"split": "train", "step": step},
+                        )
+                        for _ in range(rollouts_per_group)
+                    )
+                    for scenario in chosen
+                ),
+                pbar_desc=f"step {step} rollouts",
+                max_exceptions=max_exceptions,
+                after_each=_ruler(judge) if judge is not None else None,
+            )
+            rollout_s = time.perf_counter() - rollout_started
+            if not any(g.trajectories for g in groups):
+                raise RuntimeError(
+                    f"step {step}: no rollout to train on (all failed or their groups were dropped)"
+                )
+            train_started = time.perf_counter()
+            result = await model.train(groups, config=config)
+            rewards = [t.reward for g in groups for t in g.trajectories]
+            record = StepRecord(
+                step=step,
+                reward=mean(rewards),
+                reward_std=pstdev(rewards),
+                rollouts=len(rewards),
+                failed=sum(len(g.exceptions) for g in groups),
+                rollout_s=rollout_s,
+                train_s=time.perf_counter() - train_started,
+                metrics=dict(result.metrics),
+            )
+            records.append(record)
+            bar.update(1)
+            bar.set_postfix(reward=f"{record.reward:.3f}")
+            tqdm.write(
+                f"step {step}: reward {record.reward:.3f} ± {record.reward_std:.3f} over "
+                f"{record.rollouts} runs ({record.failed} failed); rollouts {rollout_s:.1f} s, "
+                f"train {record.train_s:.1f} s"
+            )
+            if on_step is not None:
+                on_step(record)
+            step = result.step
+    finally:
+        bar.close()
+    after_step, after_groups = await run_val("validate (after)")
+    joint = False
+    if judge is not None:
+        before_groups, after_groups = await _judge_jointly(before_groups, after_groups, judge)
+        joint = True
+    return TrainReport(
+        steps=records,
+        before=ValSummary.of(before_step, before_groups),
+        after=ValSummary.of(after_step, after_groups),
+        wall_s=time.perf_counter() - started,
+        judged_jointly=joint,
+    )
+
+
+def _ruler(judge: Judge) -> Callable[[art.TrajectoryGroup], Any]:
+    from art_core.rewards import DEFAULT_RUBRIC, ruler_score_group
+
+    async def score(group: art.TrajectoryGroup) -> art.TrajectoryGroup | None:
+        if len(group.trajectories) < 2:
+            return None  # nothing to compare: no learning signal either
+        return await ruler_score_group(
+            group,
+            judge.model,
+            judge_base_url=judge.base_url,
+            judge_api_key=judge.api_key,
+            rubric=judge.rubric or DEFAULT_RUBRIC,
+            swallow_exceptions=True,
+        )
+
+    return score
+
+
+async def _judge_jointly(
+    before: list[art.TrajectoryGroup], after: list[art.TrajectoryGroup], judge: Judge
+) -> tuple[list[art.TrajectoryGroup], list[art.TrajectoryGroup]]:
+    """RULER scores are relative to a group: judge each scenario's before and after runs in
+    one group, so the two columns of the table are comparable."""
+    from art_core.rewards import DEFAULT_RUBRIC, ruler_score_group
+
+    new_before, new_after = [], []
+    for old, new in zip(before, after, strict=True):
+        n = len(old.trajectories)
+        joint = art.TrajectoryGroup([*old.trajectories, *new.trajectories])
+        scored = await ruler_score_group(
+            joint,
+            judge.model,
+            judge_base_url=judge.base_url,
+            judge_api_key=judge.api_key,
+            rubric=judge.rubric or DEFAULT_RUBRIC,
+            swallow_exceptions=True,
+        )
+        if scored is None:
+            continue
+        new_before.append(art.TrajectoryGroup(scored.trajectories[:n], exceptions=old.exceptions))
+        new_after.append(art.TrajectoryGroup(scored.trajectories[n:], exceptions=new.exceptions))
+    return new_before, new_after

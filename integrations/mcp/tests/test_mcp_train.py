@@ -1,0 +1,175 @@
+"""``art_mcp.train`` end to end on tiny-random: the shop example server, a programmatic reward
+or RULER (stand-in judge), checkpoints, history, resume."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import art_mcp
+import pytest
+from art_mcp import HttpServer, Judge, RolloutSettings, Scenario, spawn_http_server
+from mcp_support import SHOP_SCRIPT, mcp_backend  # noqa: F401 (fixture)
+
+import art_core as art
+from art_core.testing.judge import StandInJudge
+
+sys.path.insert(0, str(SHOP_SCRIPT.parent))
+import shop_server
+
+SETTINGS = RolloutSettings(
+    tool_choice="required",
+    parallel_tool_calls=False,
+    max_turns=2,
+    max_tokens=40,
+    max_answer_chars=12,
+)
+CONFIG = art.TrainConfig(learning_rate=1e-3, lora_rank=4, lora_alpha=8)
+
+
+@pytest.fixture(scope="module")
+async def shop() -> AsyncIterator[HttpServer]:
+    async with spawn_http_server(f"python {SHOP_SCRIPT} --http") as server:
+        yield server
+
+
+def shop_scenarios() -> list[Scenario]:
+    return [Scenario.model_validate(s) for s in shop_server.scenarios()]
+
+
+@pytest.mark.slow
+async def test_train_two_steps_then_resume_for_a_third(
+    mcp_backend: art.LocalBackend,  # noqa: F811
+    shop: HttpServer,
+) -> None:
+    model = art.TrainableModel(name="shop-tiny", project="mcp-tests", base_model="tiny-random")
+    await model.register(mcp_backend)
+    scenarios = shop_scenarios()
+    steps_seen: list[int] = []
+    report = await art_mcp.train(
+        model,
+        shop,
+        scenarios[:6],
+        steps=2,
+        groups_per_step=2,
+        rollouts_per_group=3,
+        reward_fn=art_mcp.answer_reward,
+        val_scenarios=scenarios[6:8],
+        val_rollouts_per_scenario=1,
+        settings=SETTINGS,
+        config=CONFIG,
+        on_step=lambda r: steps_seen.append(r.step),
+    )
+    assert steps_seen == [0, 1] and [r.step for r in report.steps] == [0, 1]
+    assert await model.get_step() == 2
+    assert (report.before.step, report.after.step) == (0, 2)
+    for record in report.steps:
+        assert record.rollouts == 6 and record.failed == 0
+        assert 0.0 <= record.reward <= 1.0 and "train/loss" in record.metrics
+    assert len(report.before.rewards) == len(report.after.rewards) == 2
+    assert "mean reward" in report.table() and "after (step 2)" in report.table()
+
+    folder = mcp_backend.model_folder(model)
+    history = [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
+    val_steps = [h["step"] for h in history if h.get("split") == "val"]
+    assert val_steps == [0, 2]
+    trained = (folder / "trajectories" / "train" / "0000.jsonl").read_text().splitlines()
+    group = art.TrajectoryGroup.model_validate_json(trained[0])
+    assert group.trajectories[0].metadata["mcp_server"] == shop.label
+    assert group.trajectories[0].metadata["split"] == "train"
+
+    # running again resumes from the checkpoint step: only step 2 remains
+    again = await art_mcp.train(
+        model,
+        shop,
+        scenarios[:6],
+        steps=3,
+        groups_per_step=2,
+        rollouts_per_group=3,
+        reward_fn=art_mcp.answer_reward,
+        val_scenarios=scenarios[6:8],
+        val_rollouts_per_scenario=1,
+        settings=SETTINGS,
+        config=CONFIG,
+    )
+    assert [r.step for r in again.steps] == [2]
+    assert (again.before.step, again.after.step) == (2, 3)
+    # the same step takes the same scenarios, so a resumed run follows the same schedule
+    assert art_mcp.scenarios_for_step(scenarios[:6], 2, 2) == art_mcp.scenarios_for_step(
+        scenarios[:6], 2, 2
+    )
+
+
+@pytest.mark.slow
+async def test_train_with_ruler_judges_before_and_after_together(
+    mcp_backend: art.LocalBackend,  # noqa: F811
+    shop: HttpServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ART_CORE_CACHE_DIR", str(tmp_path))  # every verdict is a fresh request
+    model = art.TrainableModel(name="shop-ruler", project="mcp-tests", base_model="tiny-random")
+    await model.register(mcp_backend)
+    scenarios = shop_scenarios()
+    with StandInJudge() as judge:
+        report = await art_mcp.train(
+            model,
+            shop,
+            scenarios[:4],
+            steps=1,
+            groups_per_step=2,
+            rollouts_per_group=2,
+            judge=Judge(model="stand-in", base_url=judge.base_url),
+            val_scenarios=scenarios[4:6],
+            val_rollouts_per_scenario=2,
+            settings=SETTINGS,
+            config=CONFIG,
+        )
+        # 2 training groups + 2 joint validation groups (before and after runs side by side)
+        assert len(judge.requests) == 4
+        joint_prompt = judge.requests[-1]["messages"][-1]["content"]
+        assert joint_prompt.count('<run id="') == 4
+    assert report.judged_jointly and "RULER" in report.table()
+    assert len(report.before.rewards) == len(report.after.rewards) == 4
+    assert all(0.0 <= r <= 1.0 for r in [*report.before.rewards, *report.after.rewards])
+    assert report.steps[0].rollouts == 4
+
+
+async def test_train_rejects_a_run_without_a_reward(
+    mcp_backend: art.LocalBackend,  # noqa: F811
+) -> None:
+    model = art.TrainableModel(name="shop-none", project="mcp-tests", base_model="tiny-random")
+    with pytest.raises(ValueError, match="train needs a reward"):
+        await art_mcp.train(model, "python x.py", shop_scenarios())
+    with pytest.raises(ValueError, match="rollouts_per_group must be >= 2"):
+        await art_mcp.train(
+            model, "python x.py", shop_scenarios(), judge=Judge("j"), rollouts_per_group=1
+        )
+
+
+def test_answer_reward_gives_partial_credit() -> None:
+    scenario = Scenario(task="How much does a pear cost?", answer="23")
+
+    def run(final: str | None, tool_result: str | None) -> art.Trajectory:
+        messages = [{"role": "user", "content": scenario.task}]
+        if tool_result is not None:
+            messages.append({"role": "tool", "tool_call_id": "c", "content": tool_result})
+        call = art.LLMCall(
+            model="m",
+            messages=messages,
+            prompt_token_ids=[1],
+            completion_token_ids=[2],
+            logprobs=[-0.1],
+        )
+        return art.Trajectory(calls=[call], metadata={"final_answer": final})
+
+    assert (
+        art_mcp.answer_reward(scenario, run("It costs 23 coins.", "One pear costs 23 coins."))
+        == 1.0
+    )
+    assert art_mcp.answer_reward(scenario, run("It costs 230.", "One pear costs 23 coins.")) == 0.5
+    assert art_mcp.answer_reward(scenario, run(None, "There are 91 pears in stock.")) == 0.2
+    assert art_mcp.answer_reward(scenario, run(None, "Error executing tool get_price")) == 0.0
+    assert art_mcp.answer_reward(scenario, run(None, None)) == 0.0
