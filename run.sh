@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one entry point of a fresh clone. It creates .venv and installs everything on first use
 # (again whenever a pyproject.toml changes), then:
-#   bash run.sh demo [args]   the main demo on the embedded model (offline)
+#   bash run.sh demo [args]   the main demo on the embedded model (offline): a question, then
+#                             GRPO training on an MCP server's tools with a before/after table
 #   bash run.sh test [args]   the whole test suite: core and every integration
 #   bash run.sh bench NAME    a benchmark script from benchmarks/
 set -euo pipefail
@@ -38,6 +39,9 @@ shift || true
 case "$command" in
   demo)
     setup
+    # First a plain question to the embedded model through the gateway (~20 s), then the main
+    # demo: train smollm2-135m on an MCP server's tools and compare reward before and after.
+    "$VENV/bin/art-core" demo --path .art
     exec "$VENV/bin/art-core" mcp demo "$@"
     ;;
   test)
