@@ -281,3 +281,28 @@ def test_lora_shape_cannot_change_and_bad_input_is_rejected(
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         Trainer(tmp_path, tmp_path / "other")
     assert trainer.latest_step() == 1  # failed calls wrote nothing
+
+
+def test_a_failed_step_leaves_the_model_at_its_last_checkpoint(
+    tmp_path: Path, base_path: Path, base_model, prompt, answers
+) -> None:  # type: ignore[no-untyped-def]
+    trainer = Trainer(base_path, tmp_path / "model", device="cpu")
+    group = make_group(base_model, prompt, answers, {"yes": 1.0, "no": 0.0})
+    first = trainer.train_step([group], FAST)
+    saved = load_file(str(Path(first.checkpoint_path) / "adapter_model.safetensors"))
+
+    def fail_after_the_update(event: dict) -> None:
+        if event["event"] == "optimizer_step":  # the weights in memory have just changed
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        trainer.train_step([group], FAST, on_progress=fail_after_the_update)
+    assert trainer.latest_step() == 1
+    assert trainer.load() == 1
+    in_memory = {
+        name: param for name, param in trainer.model.named_parameters() if param.requires_grad
+    }
+    for key, value in saved.items():
+        name = key.replace(".weight", ".default.weight")
+        torch.testing.assert_close(in_memory[name], value, rtol=0, atol=0)
+    assert trainer.train_step([group], FAST).step == 2
