@@ -34,6 +34,9 @@ setup() {
   touch "$stamp"
 }
 
+# Like an activated venv: console scripts it installs (MCP servers the tests start by name) are found.
+case "$VENV" in /*) VENV_BIN="$VENV/bin" ;; *) VENV_BIN="$PWD/$VENV/bin" ;; esac
+export PATH="$VENV_BIN:$PATH"
 command="${1:-}"
 shift || true
 case "$command" in
