@@ -3,7 +3,8 @@
 That package imports ``mcp.server.fastmcp`` (gone in mcp 2.x), so it runs from its own venv:
 run ``bash examples/mcp/setup_calculator.sh`` once. Tasks are arithmetic questions with a known
 answer; the model must pass the expression to ``calculate`` and report the result
-(``art_mcp.answer_reward``: 1 for the right number, partial credit for finding it).
+(``art_mcp.answer_reward``: 1 for the right number, partial credit for finding it and for
+answering at all).
 
     bash examples/mcp/setup_calculator.sh
     python examples/mcp/calculator_agent.py                # 2 small steps on smollm2-135m

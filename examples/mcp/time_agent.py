@@ -50,8 +50,9 @@ def city_scenarios() -> list[art_mcp.Scenario]:
 
 
 def time_reward(scenario: art_mcp.Scenario, trajectory: art.Trajectory) -> float:
-    """1.0: the final answer gives the HH:MM the tool returned for the right timezone;
-    0.5: the right timezone was looked up; 0.2: another successful tool call; else 0."""
+    """1.0: the final answer gives the HH:MM the tool returned for the right timezone.
+    Otherwise 0.3 for looking the right timezone up (0.1 for another successful tool call)
+    plus 0.2 for giving a final answer at all (as ``art_mcp.answer_reward`` does)."""
     zone = scenario.metadata["timezone"]
     looked_up = any(
         name == "get_current_time" and args.get("timezone") == zone
@@ -68,9 +69,8 @@ def time_reward(scenario: art_mcp.Scenario, trajectory: art.Trajectory) -> float
     answer = trajectory.metadata.get("final_answer") or ""
     if looked_up and any(t in answer for t in times):
         return 1.0
-    if looked_up:
-        return 0.5
-    return 0.2 if any(not r.startswith("Error") for r in results) else 0.0
+    score = 0.3 if looked_up else 0.1 if any(not r.startswith("Error") for r in results) else 0.0
+    return score + (0.2 if answer.strip() else 0.0)
 
 
 async def main(args: argparse.Namespace) -> None:

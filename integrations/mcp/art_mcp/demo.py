@@ -3,9 +3,9 @@
 The server (``examples/mcp/shop_server.py``) sells fruit at made-up prices: to answer "How much
 does a pear cost?" the model must call ``get_price`` (not ``get_stock``) with the right item,
 then report the number through ``complete_task``. Every task has a known answer, so rewards
-are computed by a program (``art_mcp.answer_reward``: 1 for the right number, partial credit
-for finding it / for a successful tool call); with ``--judge-model`` RULER scores the runs
-instead. It validates on held-out tasks before and after training and prints the comparison.
+are computed by a program (``art_mcp.answer_reward``: 1 for the right number, else 0.3 for
+looking it up plus 0.2 for giving any final answer); with ``--judge-model`` RULER scores the
+runs instead. It validates on held-out tasks before and after training and prints the comparison.
 """
 
 from __future__ import annotations

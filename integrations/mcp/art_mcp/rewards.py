@@ -53,10 +53,13 @@ def tool_results(trajectory: art.Trajectory) -> list[str]:
 
 
 def answer_reward(scenario: Scenario, trajectory: art.Trajectory) -> float:
-    """Score a run against ``scenario.answer``, with partial credit for using the tools well.
+    """Score a run against ``scenario.answer``, with partial credit that leads to the answer.
 
-    1.0: the final answer states the expected answer. 0.5: a tool result held the answer but
-    the final answer does not give it. 0.2: at least one tool call succeeded. 0.0 otherwise.
+    1.0: the final answer states the expected answer. Otherwise the sum of: 0.3 if a tool
+    result held the answer (0.1 if tools only succeeded), and 0.2 if the run gave a final
+    answer at all. So looking the answer up and reporting it wrongly (0.5) beats looking it up
+    and never finishing (0.3), which beats guessing without a tool (0.2): a policy cannot
+    settle on a safe partial score that never answers.
 
     Example:
         >>> run = art.Trajectory(metadata={"final_answer": "A pear costs 17 coins."})
@@ -65,10 +68,17 @@ def answer_reward(scenario: Scenario, trajectory: art.Trajectory) -> float:
     """
     if scenario.answer is None:
         raise ValueError(f"scenario {scenario.id} has no expected answer to check against")
-    if contains_answer(trajectory.metadata.get("final_answer"), scenario.answer):
+    final = trajectory.metadata.get("final_answer")
+    if contains_answer(final, scenario.answer):
         return 1.0
-    results = tool_results(trajectory)
-    successful = [r for r in results if not r.lower().startswith(("error", "tool "))]
+    successful = [
+        r for r in tool_results(trajectory) if not r.lower().startswith(("error", "tool "))
+    ]
+    score = 0.0
     if any(contains_answer(r, scenario.answer) for r in successful):
-        return 0.5
-    return 0.2 if successful else 0.0
+        score += 0.3
+    elif successful:
+        score += 0.1
+    if final is not None and str(final).strip():
+        score += 0.2
+    return score
