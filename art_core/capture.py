@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from art_core.clients import async_openai_client, sync_openai_client
 from art_core.tracing import hooks as tracing
 from art_core.trajectories import LLMCall, Trajectory, new_id
 
@@ -45,19 +46,11 @@ class Run:
 
     def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` client whose calls are recorded in this rollout."""
-        from openai import AsyncOpenAI
-
-        return AsyncOpenAI(
-            base_url=self.base_url, api_key=self.model.inference_api_key or "art", **kwargs
-        )
+        return async_openai_client(self.base_url, self.model.inference_api_key or "art", **kwargs)
 
     def sync_openai_client(self, **kwargs: Any) -> OpenAI:
         """The synchronous ``openai.OpenAI`` equivalent, for sync agent code."""
-        from openai import OpenAI
-
-        return OpenAI(
-            base_url=self.base_url, api_key=self.model.inference_api_key or "art", **kwargs
-        )
+        return sync_openai_client(self.base_url, self.model.inference_api_key or "art", **kwargs)
 
     async def fetch_calls(self, *, release: bool = False) -> list[LLMCall]:
         """The calls recorded so far, in the order they were issued."""

@@ -83,12 +83,12 @@ class Model(BaseModel):
 
     def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` client for this model's inference endpoint."""
-        from openai import AsyncOpenAI
+        from art_core.clients import async_openai_client
 
         if self.inference_base_url is None:
             raise RuntimeError(f"model {self.name!r} has no inference_base_url (register it first)")
-        return AsyncOpenAI(
-            base_url=self.inference_base_url, api_key=self.inference_api_key or "art", **kwargs
+        return async_openai_client(
+            self.inference_base_url, self.inference_api_key or "art", **kwargs
         )
 
 

@@ -183,3 +183,33 @@ def test_config_validation_and_result_json() -> None:
     assert TrainConfig.model_validate_json(config.model_dump_json()) == config
     result = TrainResult(step=2, metrics={"train/loss": 0.5}, checkpoint_path="/x/0002")
     assert TrainResult.model_validate_json(result.model_dump_json()) == result
+
+
+def test_token_logprobs_matches_log_softmax_in_value_and_gradient_across_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import art_core.training.loss as loss_module
+
+    torch.manual_seed(0)
+    logits = torch.randn(7, 11, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 11, (7,))
+    reference = torch.log_softmax(logits, -1)
+    for elements in (1 << 25, 22):  # one chunk; chunks of 2 rows (the last one short)
+        monkeypatch.setattr(loss_module, "_CHUNK_ELEMENTS", elements)
+        selected, entropy = token_logprobs(logits, targets)
+        torch.testing.assert_close(selected, reference.gather(-1, targets[:, None])[:, 0])
+        torch.testing.assert_close(entropy, -(reference.exp() * reference).sum(-1))
+        assert not entropy.requires_grad
+        assert torch.autograd.gradcheck(lambda x: token_logprobs(x, targets)[0], (logits,))
+
+
+def test_token_logprobs_handles_masked_logits_and_bf16() -> None:
+    logits = torch.tensor([[0.0, -torch.inf, 0.0]])
+    selected, entropy = token_logprobs(logits, torch.tensor([0]))
+    assert selected.item() == pytest.approx(math.log(0.5))
+    assert entropy.item() == pytest.approx(math.log(2))  # the impossible token adds 0, not NaN
+    bf16 = torch.randn(3, 50).bfloat16().requires_grad_()
+    selected, _ = token_logprobs(bf16, torch.tensor([1, 2, 3]))
+    assert selected.dtype == torch.float32
+    selected.sum().backward()
+    assert bf16.grad is not None and bf16.grad.dtype == torch.bfloat16

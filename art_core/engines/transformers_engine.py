@@ -13,6 +13,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from art_core.engines.base import (
     GenerationResult,
     SamplingParams,
 )
+from art_core.engines.lora import LoraServer, UnsupportedAdapter
+from art_core.engines.sampling import RowSampling, sample_next_tokens
 from art_core.engines.tokenizer import load_chat_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -96,8 +99,11 @@ class TransformersEngine:
         dtype: torch.dtype | str | None = None,
         max_batch_size: int = 32,
         max_loaded_adapters: int = 4,
+        batch_window: float = 0.005,
+        worker: ThreadPoolExecutor | None = None,
     ) -> None:
         self.model_path = Path(model_path)
+        self.batch_window = batch_window
         self.device = device or default_device()
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
@@ -108,6 +114,8 @@ class TransformersEngine:
         self.context_length = 0
         self.model: Any = None
         self._base_model: Any = None
+        # Our own LoRA layers (fast), or None once an adapter needed peft's (see lora.py).
+        self._lora: LoraServer | None = None
         self._ll_tokenizer: Any = None
         self._ll_lock = threading.Lock()
         self._eos_ids: set[int] = set()
@@ -122,6 +130,12 @@ class TransformersEngine:
         self._scheduler: asyncio.Task[None] | None = None
         self.batches_run = 0
         self.rows_served = 0
+        # All torch work runs on one thread (``worker``, shared with the trainer by
+        # LocalBackend, or our own): OpenMP keeps a thread team per calling thread, and the
+        # teams of other threads compete for the cores (asyncio.to_thread, which hops between
+        # pool threads, measured ~1.7x slower decode steps).
+        self._worker = worker
+        self._owns_worker = worker is None
 
     # ----------------------------------------------------------------------------- lifecycle
     def load(self) -> None:
@@ -134,13 +148,14 @@ class TransformersEngine:
         model.eval()
         self.tokenizer = chat.tokenizer
         self._base_model = self.model = model
+        self._lora = LoraServer(model)
         self.context_length = chat.context_length
         self._eos_ids = chat.eos_token_ids
         self._pad_id = chat.pad_token_id
 
     async def start(self) -> None:
         if self.model is None:
-            await asyncio.to_thread(self.load)
+            await self._in_worker(self.load)
         self._wake = asyncio.Event()
         self._model_lock = asyncio.Lock()
         self._scheduler = asyncio.create_task(self._schedule(), name="art-engine-scheduler")
@@ -158,6 +173,14 @@ class TransformersEngine:
         for pending in leftover:
             if not pending.future.done():
                 pending.future.set_exception(EngineError("the engine was shut down"))
+        if self._worker is not None and self._owns_worker:
+            self._worker.shutdown(wait=False)
+            self._worker = None
+
+    async def _in_worker(self, fn: Any, *args: Any) -> Any:
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-engine")
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -221,28 +244,57 @@ class TransformersEngine:
         """Load a PEFT adapter folder between batches and serve it by default from now on."""
         assert self._model_lock is not None
         async with self._model_lock:
-            await asyncio.to_thread(self._load_adapter, Path(path), step, name or f"step-{step}")
+            await self._in_worker(self._load_adapter, Path(path), step, name or f"step-{step}")
 
     def _load_adapter(self, path: Path, step: int, name: str) -> None:
-        from peft import PeftModel
-
         if not (path / "adapter_config.json").is_file():
             raise EngineError(f"{path} is not a PEFT adapter folder (no adapter_config.json)")
-        if name in self._adapters:
+        if self._lora is not None:
+            try:
+                self._lora.load(name, path)
+            except UnsupportedAdapter as exc:
+                logger.info("serving adapters with peft from now on: %s", exc)
+                self._switch_to_peft()
+        if self._lora is None:
+            self._load_with_peft(path, name)
+        info = AdapterInfo(name=name, step=step, path=path)
+        self._adapters.pop(name, None)
+        self._adapters[name] = info
+        self._current = info
+        while len(self._adapters) > self.max_loaded_adapters:
+            self._unload(next(iter(self._adapters)))
+
+    def _load_with_peft(self, path: Path, name: str) -> None:
+        from peft import PeftModel
+
+        if isinstance(self.model, PeftModel) and name in self.model.peft_config:
             self.model.delete_adapter(name)
-            del self._adapters[name]
         if isinstance(self.model, PeftModel):
             self.model.load_adapter(str(path), adapter_name=name)
         else:
             self.model = PeftModel.from_pretrained(self._base_model, str(path), adapter_name=name)
         self.model.eval()
-        info = AdapterInfo(name=name, step=step, path=path)
-        self._adapters[name] = info
-        self._current = info
-        while len(self._adapters) > self.max_loaded_adapters:
-            oldest = next(iter(self._adapters))
-            self.model.delete_adapter(oldest)
-            del self._adapters[oldest]
+
+    def _unload(self, name: str) -> None:
+        if self._lora is not None:
+            self._lora.remove(name)
+        else:
+            self.model.delete_adapter(name)
+        del self._adapters[name]
+
+    def _switch_to_peft(self) -> None:
+        """An adapter our LoRA layers cannot serve arrived: serve all of them with peft."""
+        assert self._lora is not None
+        self._lora.uninstall()
+        self._lora = None
+        for info in list(self._adapters.values()):
+            if info.path is not None and (info.path / "adapter_config.json").is_file():
+                self._load_with_peft(info.path, info.name)
+            else:
+                logger.warning("adapter %s (%s) is gone from disk; unloaded", info.name, info.path)
+                del self._adapters[info.name]
+                if self._current is info:
+                    self._current = None
 
     # ----------------------------------------------------------------------------- scheduling
     async def _schedule(self) -> None:
@@ -250,6 +302,7 @@ class TransformersEngine:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            await self._gather_arrivals()
             while self._queue and not self._paused:
                 async with self._model_lock:
                     if self._paused:
@@ -258,11 +311,30 @@ class TransformersEngine:
                     if not batch:
                         continue
                     try:
-                        await asyncio.to_thread(self._run_batch, batch)
+                        await self._in_worker(self._run_batch, batch)
                     except Exception as exc:  # a bug or OOM: fail this batch, keep serving
                         logger.exception("batch failed")
                         for pending in batch:
                             _resolve(pending, exc)
+
+    async def _gather_arrivals(self) -> None:
+        """Wait while requests keep arriving, so a burst starts as one batch.
+
+        Concurrent rollouts reach an idle engine a millisecond or so apart; starting on the
+        first alone would prefill it by itself, then make the rest wait for that and join
+        with a second prefill. Waits ``batch_window`` at a time while the queue grows, at
+        most ten windows.
+        """
+        if self.batch_window <= 0:
+            return
+        seen = len(self._queue)
+        for _ in range(10):
+            if seen >= self.max_batch_size:
+                return
+            await asyncio.sleep(self.batch_window)
+            if len(self._queue) == seen:
+                return
+            seen = len(self._queue)
 
     def _adapter_for(self, pending: _Pending) -> AdapterInfo | None:
         if pending.request.adapter is None:
@@ -331,7 +403,10 @@ class TransformersEngine:
         self.batches_run += 1
         joined: list[_Pending] = []
         try:
-            if adapter is None or adapter.step == 0:
+            if self._lora is not None:
+                self._lora.activate(None if adapter is None or adapter.step == 0 else adapter.name)
+                self._decode(batch, joined)
+            elif adapter is None or adapter.step == 0:
                 if hasattr(self.model, "disable_adapter") and self._adapters:
                     with self.model.disable_adapter():
                         self._decode(batch, joined)
@@ -401,9 +476,8 @@ class TransformersEngine:
         key = batch[0].adapter.name if batch[0].adapter else "base"
         while True:
             next_ids = self._sample(state.logits, state.rows)
-            keep = [
-                j for j, row in enumerate(state.rows) if not self._advance(row, int(next_ids[j]))
-            ]
+            sampled = next_ids.tolist()
+            keep = [j for j, row in enumerate(state.rows) if not self._advance(row, sampled[j])]
             state.select(keep)
             if keep:
                 state.step(self.model, next_ids[keep])
@@ -422,36 +496,28 @@ class TransformersEngine:
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         """One token per row, honouring each row's own sampling parameters and grammar."""
-        logprobs = torch.log_softmax(logits, dim=-1)
-        chosen: list[int] = []
+        settings = [
+            RowSampling(
+                temperature=row.params.temperature,
+                top_k=row.params.top_k,
+                top_p=row.params.top_p,
+                generator=row.generator,
+                allowed=(
+                    self._allowed(row.matcher, logits.shape[-1])
+                    if row.matcher is not None
+                    else None
+                ),
+            )
+            for row in rows
+        ]
+        tokens, logprobs = sample_next_tokens(logits, settings)
+        chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
         for j, row in enumerate(rows):
-            params = row.params
-            scores = logits[j]
-            if row.matcher is not None:
-                scores = scores.masked_fill(
-                    ~self._allowed(row.matcher, scores.shape[0]), -torch.inf
-                )
-            if params.temperature <= 0 or params.top_k == 1:
-                token = int(torch.argmax(scores))
-            else:
-                scores = scores / params.temperature
-                if params.top_k > 0:
-                    kth = torch.topk(scores, min(params.top_k, scores.shape[0])).values[-1]
-                    scores = scores.masked_fill(scores < kth, -torch.inf)
-                if params.top_p < 1.0:
-                    sorted_scores, order = torch.sort(scores, descending=True)
-                    probs = torch.softmax(sorted_scores, dim=-1)
-                    drop = probs.cumsum(-1) - probs > params.top_p
-                    sorted_scores = sorted_scores.masked_fill(drop, -torch.inf)
-                    scores = torch.full_like(scores, -torch.inf).scatter(0, order, sorted_scores)
-                probs = torch.softmax(scores, dim=-1).cpu()
-                token = int(torch.multinomial(probs, 1, generator=row.generator))
-            row.logprobs.append(float(logprobs[j, token]))
-            if params.top_logprobs > 0:
-                top = torch.topk(logprobs[j], params.top_logprobs)
+            row.logprobs.append(chosen[j])
+            if row.params.top_logprobs > 0:
+                top = torch.topk(logprobs[j], row.params.top_logprobs)
                 row.top.append(list(zip(top.indices.tolist(), top.values.tolist(), strict=True)))
-            chosen.append(token)
-        return torch.tensor(chosen, dtype=torch.long, device=logits.device)
+        return tokens
 
     @staticmethod
     def _allowed(matcher: Any, vocab: int) -> torch.Tensor:

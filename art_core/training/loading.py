@@ -66,6 +66,20 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
+def base_weights_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
+    """The dtype of the frozen base weights: the autocast dtype, else fp32.
+
+    Under autocast every matmul runs in that dtype anyway; storing the frozen weights in it
+    saves re-casting all of them on every forward and backward (a fifth of a CPU step for
+    SmolLM2-135M) and halves their memory. The trainable LoRA weights stay fp32.
+
+    Example:
+        >>> base_weights_dtype(TrainConfig(precision="fp32"), torch.device("cpu"))
+        torch.float32
+    """
+    return autocast_dtype(config.precision, device) or torch.float32
+
+
 def use_unsloth(device: torch.device) -> bool:
     """Unsloth only runs on CUDA; use it there when installed and not disabled."""
     if device.type != "cuda" or os.environ.get("ART_CORE_DISABLE_UNSLOTH") == "1":
@@ -95,17 +109,14 @@ def load_trainable_model(
 ) -> Any:
     """The base model with a trainable LoRA adapter: fresh from ``config``, or ``adapter_path``.
 
-    The base weights stay frozen (fp32 on CPU, where autocast over fp32 weights measured
-    fastest; the autocast dtype on CUDA, to halve memory); LoRA weights are kept in fp32 so
-    small updates are not rounded away.
+    The base weights stay frozen, in ``base_weights_dtype``; LoRA weights are kept in fp32
+    so small updates are not rounded away.
 
     Example:
         >>> model = load_trainable_model(Path(".art/base_models/tiny-random"), TrainConfig(),
         ...                              torch.device("cpu"))  # doctest: +SKIP
     """
-    dtype = torch.float32
-    if device.type == "cuda":
-        dtype = autocast_dtype(config.precision, device) or torch.float32
+    dtype = base_weights_dtype(config, device)
     if use_unsloth(device):
         model = _load_with_unsloth(base_model_path, config, dtype, adapter_path)
     else:

@@ -17,7 +17,7 @@ the micro-batches of a step gives weighted means.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -35,8 +35,13 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob of each target id and the entropy of each position's distribution.
 
-    ``logits`` is ``(num_tokens, vocab)`` (bf16 under autocast: upcast first, because the
+    ``logits`` is ``(num_tokens, vocab)``, bf16 under autocast; the math runs in fp32 (the
     ratio compares against fp32 sampler logprobs). The entropy is detached: a metric only.
+
+    Memory: a plain ``log_softmax(logits.float())`` keeps a full fp32 ``(tokens, vocab)``
+    copy for backward, and the entropy adds two more; with a 49k vocabulary and 4k tokens
+    that is ~2.4 GB per micro-batch. Here the softmax is computed in row chunks in forward
+    and recomputed in backward, so nothing vocabulary-sized is kept beyond the logits.
 
     Example:
         >>> lp, ent = token_logprobs(torch.zeros(1, 4), torch.tensor([2]))
@@ -48,11 +53,56 @@ def token_logprobs(
             f"expected logits (N, vocab) and target ids (N,), got {tuple(logits.shape)} and "
             f"{tuple(target_ids.shape)}"
         )
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    selected = log_probs.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    chunk = max(1, _CHUNK_ELEMENTS // max(1, logits.shape[-1]))
+    selected, entropy = _ChunkedLogprobs.apply(logits, target_ids, chunk)
     return selected, entropy
+
+
+# Rows per chunk are chosen so one fp32 chunk holds at most this many values (128 MB).
+_CHUNK_ELEMENTS = 1 << 25
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)  # bf16/fp16 -> fp32; fp64 stays
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    """``log_softmax(logits)[i, target_i]`` and the entropy, chunk by chunk over rows."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, logits: torch.Tensor, target_ids: torch.Tensor, chunk: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = _compute_dtype(logits.dtype)
+        n = logits.shape[0]
+        selected = torch.empty(n, dtype=dtype, device=logits.device)
+        entropy = torch.empty(n, dtype=dtype, device=logits.device)
+        for start in range(0, n, chunk):
+            block = logits[start : start + chunk].to(dtype)
+            targets = target_ids[start : start + chunk].unsqueeze(-1)
+            log_probs = block - torch.logsumexp(block, dim=-1, keepdim=True)
+            selected[start : start + chunk] = log_probs.gather(-1, targets).squeeze(-1)
+            entropy[start : start + chunk] = torch.special.entr(log_probs.exp()).sum(-1)
+        ctx.save_for_backward(logits, target_ids)
+        ctx.chunk = chunk
+        ctx.mark_non_differentiable(entropy)
+        return selected, entropy
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_selected: torch.Tensor, _grad_entropy: torch.Tensor
+    ) -> tuple[torch.Tensor, None, None]:
+        logits, target_ids = ctx.saved_tensors
+        dtype = _compute_dtype(logits.dtype)
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.chunk):
+            block = logits[start : start + ctx.chunk].to(dtype)
+            upstream = grad_selected[start : start + ctx.chunk].to(dtype).unsqueeze(-1)
+            # d logp_target / d logits = onehot(target) - softmax(logits)
+            block_grad = torch.softmax(block, dim=-1).mul_(-upstream)
+            block_grad.scatter_add_(-1, target_ids[start : start + ctx.chunk].unsqueeze(-1), upstream)
+            grad[start : start + ctx.chunk] = block_grad.to(grad.dtype)
+        return grad, None, None
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

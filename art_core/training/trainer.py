@@ -38,6 +38,7 @@ from art_core.training.config import TrainConfig, TrainResult
 from art_core.training.loading import (
     adapter_settings,
     autocast_dtype,
+    base_weights_dtype,
     choose_device,
     load_trainable_model,
 )
@@ -81,6 +82,7 @@ class Trainer:
         self._optimizer: torch.optim.Optimizer | None = None
         self._param_names: list[str] = []
         self._loaded_step = -1
+        self._base_dtype: torch.dtype | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -207,8 +209,10 @@ class Trainer:
 
     def _ensure_loaded(self, config: TrainConfig, *, check_lora: bool = True) -> None:
         latest = self.latest_step()
-        if self._model is None or self._loaded_step != latest:
-            # First use, or another process trained this model since: load from disk.
+        dtype = base_weights_dtype(config, self.device)
+        if self._model is None or self._loaded_step != latest or self._base_dtype != dtype:
+            # First use, another process trained this model since, or a precision that
+            # needs the base weights in another dtype: load from disk.
             adapter = checkpoint_dir(self.model_dir, latest) if latest > 0 else None
             model = load_trainable_model(
                 self.base_model_path, config, self.device, adapter_path=adapter
@@ -225,6 +229,7 @@ class Trainer:
                 load_optimizer_state(adapter, optimizer, param_names)
             self._model, self._optimizer, self._param_names = model, optimizer, param_names
             self._loaded_step = latest
+            self._base_dtype = dtype
         have, want = adapter_settings(self._model), config.lora_settings()
         if check_lora and have != want:
             raise ValueError(
