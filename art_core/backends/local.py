@@ -200,7 +200,11 @@ class LocalBackend:
         )
         self.gateway.add(served)
         self._models[model.name] = _Registered(
-            model=model, folder=folder, base_path=base_path, served=served, torch_thread=torch_thread
+            model=model,
+            folder=folder,
+            base_path=base_path,
+            served=served,
+            torch_thread=torch_thread,
         )
         self._bind(model)
 

@@ -161,7 +161,9 @@ def read_adapter(folder: Path) -> _AdapterWeights:
                 break
         else:
             if "lora_" in name:  # lora_embedding_A, lora_magnitude_vector, ...
-                raise UnsupportedAdapter(f"adapter {folder} has a tensor this server cannot apply: {key}")
+                raise UnsupportedAdapter(
+                    f"adapter {folder} has a tensor this server cannot apply: {key}"
+                )
             base_copies[name.replace(".base_layer.", ".")] = tensor
     deltas: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for module, parts in pairs.items():
@@ -224,7 +226,9 @@ class LoraServer:
             except AttributeError:
                 own = None
             if not isinstance(own, torch.Tensor) or own.shape != saved.shape:
-                raise UnsupportedAdapter(f"the adapter saves {parameter_name}, which the model lacks")
+                raise UnsupportedAdapter(
+                    f"the adapter saves {parameter_name}, which the model lacks"
+                )
             if not torch.equal(own, saved.to(device=own.device, dtype=own.dtype)):
                 raise UnsupportedAdapter(f"the adapter changes the base weight {parameter_name}")
         self.remove(name)

@@ -46,7 +46,9 @@ def sample_next_tokens(
         [1, 0]
     """
     if logits.ndim != 2 or logits.shape[0] != len(rows):
-        raise ValueError(f"expected logits of shape ({len(rows)}, vocab), got {tuple(logits.shape)}")
+        raise ValueError(
+            f"expected logits of shape ({len(rows)}, vocab), got {tuple(logits.shape)}"
+        )
     logprobs = torch.log_softmax(logits, dim=-1)
     scores = logits
     masked = [j for j, row in enumerate(rows) if row.allowed is not None]

@@ -115,7 +115,9 @@ class Gateway:
                 Route(f"{prefix}/v1/chat/completions", self.chat_completions, methods=["POST"]),
             ]
         routes.append(Route("/health", self.health, methods=["GET"]))
-        self.app = Starlette(routes=routes, exception_handlers={APIError: self._on_error, Exception: self._on_error})
+        self.app = Starlette(
+            routes=routes, exception_handlers={APIError: self._on_error, Exception: self._on_error}
+        )
 
     def add(self, served: ServedModel) -> None:
         self.models[served.name] = served

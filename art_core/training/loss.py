@@ -100,7 +100,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
             upstream = grad_selected[start : start + ctx.chunk].to(dtype).unsqueeze(-1)
             # d logp_target / d logits = onehot(target) - softmax(logits)
             block_grad = torch.softmax(block, dim=-1).mul_(-upstream)
-            block_grad.scatter_add_(-1, target_ids[start : start + ctx.chunk].unsqueeze(-1), upstream)
+            block_grad.scatter_add_(
+                -1, target_ids[start : start + ctx.chunk].unsqueeze(-1), upstream
+            )
             grad[start : start + ctx.chunk] = block_grad.to(grad.dtype)
         return grad, None, None
 
