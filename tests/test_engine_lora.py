@@ -189,3 +189,35 @@ async def test_engine_runs_all_torch_work_on_the_worker_it_is_given(base_path: P
     assert seen == {worker_thread}
     assert worker.submit(lambda: "still open").result() == "still open"  # not the engine's to close
     worker.shutdown()
+
+
+def test_prepacked_bf16_linears_compute_what_plain_ones_do(base_path: Path, tmp_path: Path) -> None:
+    from art_core.engines.packed import pack_linears, packing_supported
+
+    if not packing_supported("cpu", torch.bfloat16):
+        pytest.skip("this CPU or torch build has no oneDNN bf16 linears")
+    adapter = save_adapter(
+        base_path,
+        tmp_path / "adapter",
+        seed=4,
+        r=8,
+        lora_alpha=32,
+        target_modules=["q_proj", "up_proj", "down_proj"],
+    )
+    ids = torch.randint(0, 600, (3, 10))
+    plain = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.bfloat16).eval()
+    packed = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.bfloat16).eval()
+    assert pack_linears(packed) == sum(type(m) is torch.nn.Linear for m in plain.modules())
+    servers = [LoraServer(plain), LoraServer(packed)]
+    for server in servers:
+        server.load("a", adapter)
+    outputs = []
+    with torch.inference_mode():
+        for name in (None, "a", None):
+            for server in servers:
+                server.activate(name)
+            outputs.append((plain(ids).logits, packed(ids).logits))
+    for plain_logits, packed_logits in outputs:
+        torch.testing.assert_close(packed_logits, plain_logits, rtol=0.02, atol=0.02)
+    assert (outputs[1][1] - outputs[0][1]).abs().max() > 0.05  # the adapter is applied
+    torch.testing.assert_close(outputs[2][1], outputs[0][1], rtol=0, atol=0)  # and removed

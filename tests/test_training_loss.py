@@ -213,3 +213,26 @@ def test_token_logprobs_handles_masked_logits_and_bf16() -> None:
     assert selected.dtype == torch.float32
     selected.sum().backward()
     assert bf16.grad is not None and bf16.grad.dtype == torch.bfloat16
+
+
+def test_token_logprobs_gradient_is_the_same_with_kept_or_recomputed_softmax(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import art_core.training.loss as loss_module
+
+    logits = torch.randn(9, 13, dtype=torch.float64)
+    targets = torch.randint(0, 13, (9,))
+    upstream = torch.randn(9, dtype=torch.float64)
+    grads = []
+    for keep in (0, 1 << 26):
+        monkeypatch.setattr(loss_module, "_KEEP_ELEMENTS", keep)
+        monkeypatch.setattr(loss_module, "_CHUNK_ELEMENTS", 4 * 13)
+        leaf = logits.clone().requires_grad_()
+        selected, _ = token_logprobs(leaf, targets)
+        (selected * upstream).sum().backward()
+        grads.append(leaf.grad)
+    reference = logits.clone().requires_grad_()
+    picked = torch.log_softmax(reference, -1).gather(-1, targets[:, None])[:, 0]
+    (picked * upstream).sum().backward()
+    torch.testing.assert_close(grads[0], reference.grad)
+    torch.testing.assert_close(grads[1], reference.grad)

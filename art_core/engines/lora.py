@@ -3,10 +3,11 @@
 peft's ``LoraLayer.forward`` is built for training: per layer and call it walks the active
 adapters, upcasts the input to the adapter's fp32, runs dropout, two linears and a scale, and
 casts back. On a CPU decode step (8 rows, 210 adapted layers of a 135M model) that overhead
-doubled the step time. Here each adapted ``nn.Linear`` is swapped in place for a
-``LoraLinear`` that computes ``base(x) + (x @ A.T) @ (scale * B).T`` (the update in fp32),
-with the adapter picked by one shared switch per batch. Weights are never merged: merging a
-small update into bf16 weights rounds most of it away, and adapters must swap per batch.
+doubled the step time. Here, for the batch's adapter, each adapted ``nn.Linear`` gets a
+forward that computes ``linear(x) + (x @ A.T) @ (scale * B).T`` (the update in fp32); for the
+base model the layers are plain ``nn.Linear`` again, with no overhead at all. Weights are
+never merged: merging a small update into bf16 weights rounds most of it away, and adapters
+must swap per batch.
 
 Only plain LoRA on linear layers is handled (what ``TrainConfig`` trains). Anything else in an
 adapter folder (DoRA, embedding/conv LoRA, bias training, ``modules_to_save``, per-module rank
@@ -15,80 +16,63 @@ or alpha patterns) raises ``UnsupportedAdapter``, and the engine serves it with 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
+
+from art_core.engines.packed import base_linear, restore_forward
 
 
 class UnsupportedAdapter(ValueError):
     """An adapter folder this module cannot serve (the engine falls back to peft)."""
 
 
-@dataclass
-class _Switch:
-    """Which adapter every ``LoraLinear`` of one model applies now (None: the base model)."""
+def lora_forward(
+    linear: nn.Linear, a_t: torch.Tensor, scaled_b_t: torch.Tensor, x: torch.Tensor
+) -> torch.Tensor:
+    """``linear(x) + x @ A.T @ (scale * B).T``; ``a_t`` is ``A.T``, ``scaled_b_t`` is
+    ``(scale * B).T``, both fp32: the update is computed in fp32.
 
-    active: str | None = None
-
-
-class LoraLinear(nn.Module):
-    """An ``nn.Linear`` plus any number of loaded LoRA deltas, one of them active at a time.
+    fp32 whatever the serving dtype: a ``(8 x 576) @ (576 x 8)`` matmul costs ~25 us in bf16
+    on CPU (oneDNN's fixed cost per call) and ~4 us in fp32, and fp32 keeps small updates.
+    Two plain ``mm`` calls on pre-transposed factors: ``F.linear`` would add a transpose and
+    a ``matmul`` dispatch per factor, which at 210 layers per decode step is measurable.
 
     Example:
-        >>> layer = LoraLinear(nn.Linear(4, 3, bias=False), _Switch())
-        >>> layer.add("a", torch.zeros(2, 4), torch.zeros(3, 2))
-        >>> layer(torch.ones(1, 4)).shape
-        torch.Size([1, 3])
+        >>> layer = nn.Linear(4, 3, bias=False)
+        >>> x = torch.ones(1, 4)
+        >>> torch.equal(lora_forward(layer, torch.zeros(4, 2), torch.zeros(2, 3), x), layer(x))
+        True
     """
-
-    def __init__(self, base: nn.Linear, switch: _Switch) -> None:
-        super().__init__()
-        self.base = base
-        self.switch = switch
-        self.deltas: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def add(self, name: str, lora_a: torch.Tensor, scaled_b: torch.Tensor) -> None:
-        """Register adapter ``name``: ``lora_a`` is ``(r, in)``, ``scaled_b`` ``(out, r)``."""
-        weight = self.base.weight
-        expected_a = (lora_a.shape[0], weight.shape[1])
-        if lora_a.shape != expected_a or scaled_b.shape != (weight.shape[0], lora_a.shape[0]):
-            raise UnsupportedAdapter(
-                f"LoRA shapes A {tuple(lora_a.shape)} / B {tuple(scaled_b.shape)} do not fit a "
-                f"linear layer of weight {tuple(weight.shape)}"
-            )
-        # fp32 whatever the serving dtype: a (tokens x 576) @ (576 x 8) matmul costs ~25 us
-        # in bf16 on CPU (oneDNN's fixed cost) and ~4 us in fp32, and fp32 keeps small
-        # updates exact.
-        self.deltas[name] = (
-            lora_a.to(device=weight.device, dtype=torch.float32).contiguous(),
-            scaled_b.to(device=weight.device, dtype=torch.float32).contiguous(),
-        )
-
-    @property
-    def weight(self) -> torch.Tensor:  # code that reads ``lm_head.weight`` etc. keeps working
-        return self.base.weight
-
-    @property
-    def in_features(self) -> int:
-        return self.base.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base.out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.base(x)
-        delta = self.deltas.get(self.switch.active) if self.switch.active else None
-        if delta is None:
-            return out
-        lora_a, scaled_b = delta
-        update = torch.nn.functional.linear(torch.nn.functional.linear(x.float(), lora_a), scaled_b)
+    out = base_linear(linear, x)
+    flat = x.reshape(-1, x.shape[-1]).float()
+    update = torch.mm(torch.mm(flat, a_t), scaled_b_t).view(out.shape)
+    if torch.is_grad_enabled():
         return out + update.to(out.dtype)
+    return out.add_(update)  # serving: one op, cast on the fly
+
+
+class _Adapted:
+    """One linear layer of the model and the LoRA deltas loaded for it, by adapter name."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        self.linear = linear
+        self.deltas: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name: (A.T, sB.T)
+
+    def apply(self, name: str | None) -> None:
+        """Make the layer compute with adapter ``name``, or as plain ``nn.Linear``."""
+        delta = self.deltas.get(name) if name is not None else None
+        if delta is None:
+            restore_forward(self.linear)  # back to the plain layer: no overhead
+        else:
+            # An instance attribute shadows the class's forward; the module tree, parameter
+            # names and ``lm_head.weight``-style accesses all stay as they were.
+            self.linear.forward = functools.partial(lora_forward, self.linear, *delta)
 
 
 @dataclass
@@ -176,25 +160,29 @@ def read_adapter(folder: Path) -> _AdapterWeights:
 
 
 class LoraServer:
-    """The LoRA adapters of one model, applied by ``LoraLinear`` layers swapped into it.
+    """The LoRA adapters of one model; ``activate`` picks the one every forward applies.
 
     Example:
-        >>> server = LoraServer(model)                  # doctest: +SKIP
+        >>> server = LoraServer(model)                       # doctest: +SKIP
         >>> server.load("step-3", Path("checkpoints/0003"))  # doctest: +SKIP
-        >>> with server.using("step-3"):                # doctest: +SKIP
-        ...     logits = model(input_ids).logits
+        >>> server.activate("step-3")                        # doctest: +SKIP
+        >>> logits = model(input_ids).logits                 # doctest: +SKIP
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self._switch = _Switch()
-        self._layers: dict[str, LoraLinear] = {}
+        self._layers: dict[str, _Adapted] = {}
         self._names: set[str] = set()
+        self._active: str | None = None
 
     @property
     def names(self) -> list[str]:
         """The adapters loaded now."""
         return sorted(self._names)
+
+    @property
+    def active(self) -> str | None:
+        return self._active
 
     def load(self, name: str, folder: Path) -> None:
         """Load adapter ``folder`` as ``name`` (replacing one of that name).
@@ -203,14 +191,14 @@ class LoraServer:
         serves exactly what it served before.
         """
         weights = read_adapter(folder)
-        targets: dict[str, nn.Linear | LoraLinear] = {}
+        targets: dict[str, nn.Linear] = {}
         for path, (lora_a, scaled_b) in weights.deltas.items():
             try:
                 module = self.model.get_submodule(path)
             except AttributeError as exc:
                 raise UnsupportedAdapter(f"the model has no module {path}") from exc
-            if not isinstance(module, (nn.Linear, LoraLinear)):
-                raise UnsupportedAdapter(f"{path} is a {type(module).__name__}, not a linear layer")
+            if type(module) is not nn.Linear:
+                raise UnsupportedAdapter(f"{path} is a {type(module).__name__}, not nn.Linear")
             out_features, in_features = module.weight.shape
             rank = lora_a.shape[0]
             if lora_a.shape != (rank, in_features) or scaled_b.shape != (out_features, rank):
@@ -233,38 +221,35 @@ class LoraServer:
                 raise UnsupportedAdapter(f"the adapter changes the base weight {parameter_name}")
         self.remove(name)
         for path, module in targets.items():
-            layer = module if isinstance(module, LoraLinear) else self._wrap(path, module)
-            layer.add(name, *weights.deltas[path])
+            layer = self._layers.setdefault(path, _Adapted(module))
+            lora_a, scaled_b = weights.deltas[path]
+            device = module.weight.device
+            layer.deltas[name] = (
+                lora_a.to(device=device, dtype=torch.float32).t().contiguous(),
+                scaled_b.to(device=device, dtype=torch.float32).t().contiguous(),
+            )
         self._names.add(name)
 
     def remove(self, name: str) -> None:
         """Forget adapter ``name`` (no-op when it is not loaded)."""
+        if self._active == name:
+            self.activate(None)
         for layer in self._layers.values():
             layer.deltas.pop(name, None)
         self._names.discard(name)
-        if self._switch.active == name:
-            self._switch.active = None
 
     def activate(self, name: str | None) -> None:
         """Serve adapter ``name`` (None: the base model) in every forward from now on."""
         if name is not None and name not in self._names:
             raise KeyError(f"adapter {name!r} is not loaded")
-        self._switch.active = name
+        if name == self._active:
+            return
+        for layer in self._layers.values():
+            layer.apply(name)
+        self._active = name
 
     def uninstall(self) -> None:
-        """Put the original linear layers back and forget every adapter."""
-        for path, layer in self._layers.items():
-            parent_path, _, attribute = path.rpartition(".")
-            parent: Any = self.model.get_submodule(parent_path) if parent_path else self.model
-            setattr(parent, attribute, layer.base)
+        """Serve the plain model again and forget every adapter."""
+        self.activate(None)
         self._layers.clear()
         self._names.clear()
-        self._switch.active = None
-
-    def _wrap(self, path: str, linear: nn.Linear) -> LoraLinear:
-        parent_path, _, attribute = path.rpartition(".")
-        parent: Any = self.model.get_submodule(parent_path) if parent_path else self.model
-        layer = LoraLinear(linear, self._switch)
-        setattr(parent, attribute, layer)
-        self._layers[path] = layer
-        return layer

@@ -28,6 +28,7 @@ from art_core.engines.base import (
     SamplingParams,
 )
 from art_core.engines.lora import LoraServer, UnsupportedAdapter
+from art_core.engines.packed import pack_linears, packing_supported
 from art_core.engines.sampling import RowSampling, sample_next_tokens
 from art_core.engines.tokenizer import load_chat_tokenizer
 
@@ -148,6 +149,9 @@ class TransformersEngine:
         model.eval()
         self.tokenizer = chat.tokenizer
         self._base_model = self.model = model
+        if packing_supported(self.device, self.dtype):
+            packed = pack_linears(model)
+            logger.debug("pre-packed %d linear layers for oneDNN", packed)
         self._lora = LoraServer(model)
         self.context_length = chat.context_length
         self._eos_ids = chat.eos_token_ids

@@ -124,6 +124,12 @@ def load_trainable_model(
     for parameter in model.parameters():
         if parameter.requires_grad and parameter.dtype != torch.float32:
             parameter.data = parameter.data.float()
+    for module in model.modules():
+        # peft casts each LoRA layer's input to the adapter's fp32, and autocast casts it
+        # right back to bf16 for the matmul: two activation copies per layer and pass, for
+        # nothing. With fp32 base weights the input is fp32 already.
+        if hasattr(module, "cast_input_dtype_enabled"):
+            module.cast_input_dtype_enabled = False
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model

@@ -60,6 +60,9 @@ def token_logprobs(
 
 # Rows per chunk are chosen so one fp32 chunk holds at most this many values (128 MB).
 _CHUNK_ELEMENTS = 1 << 25
+# Up to this many logits, forward's softmax is kept for backward (256 MB in fp32) rather than
+# recomputed: faster, and small next to what a batch that size costs anyway.
+_KEEP_ELEMENTS = 1 << 26
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -67,7 +70,11 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class _ChunkedLogprobs(torch.autograd.Function):
-    """``log_softmax(logits)[i, target_i]`` and the entropy, chunk by chunk over rows."""
+    """``log_softmax(logits)[i, target_i]`` and the entropy, chunk by chunk over rows.
+
+    Backward needs the softmax again: kept from forward when it is small (it is already
+    computed there, for the entropy), recomputed chunk by chunk when it is large.
+    """
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -75,15 +82,21 @@ class _ChunkedLogprobs(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         dtype = _compute_dtype(logits.dtype)
         n = logits.shape[0]
+        keep = logits.numel() <= _KEEP_ELEMENTS
         selected = torch.empty(n, dtype=dtype, device=logits.device)
         entropy = torch.empty(n, dtype=dtype, device=logits.device)
+        kept: list[torch.Tensor] = []
         for start in range(0, n, chunk):
             block = logits[start : start + chunk].to(dtype)
             targets = target_ids[start : start + chunk].unsqueeze(-1)
-            log_probs = block - torch.logsumexp(block, dim=-1, keepdim=True)
+            log_probs = torch.log_softmax(block, dim=-1)
+            probs = log_probs.exp()
             selected[start : start + chunk] = log_probs.gather(-1, targets).squeeze(-1)
-            entropy[start : start + chunk] = torch.special.entr(log_probs.exp()).sum(-1)
-        ctx.save_for_backward(logits, target_ids)
+            # nansum: a masked (-inf) logit gives 0 * -inf = nan, and contributes 0.
+            entropy[start : start + chunk] = -(probs * log_probs).nansum(-1)
+            if keep:
+                kept.append(probs)
+        ctx.save_for_backward(logits, target_ids, *kept)
         ctx.chunk = chunk
         ctx.mark_non_differentiable(entropy)
         return selected, entropy
@@ -92,18 +105,17 @@ class _ChunkedLogprobs(torch.autograd.Function):
     def backward(  # type: ignore[override]
         ctx: Any, grad_selected: torch.Tensor, _grad_entropy: torch.Tensor
     ) -> tuple[torch.Tensor, None, None]:
-        logits, target_ids = ctx.saved_tensors
+        logits, target_ids, *kept = ctx.saved_tensors
         dtype = _compute_dtype(logits.dtype)
         grad = torch.empty_like(logits)
-        for start in range(0, logits.shape[0], ctx.chunk):
-            block = logits[start : start + ctx.chunk].to(dtype)
-            upstream = grad_selected[start : start + ctx.chunk].to(dtype).unsqueeze(-1)
+        for index, start in enumerate(range(0, logits.shape[0], ctx.chunk)):
+            stop = start + ctx.chunk
+            probs = kept[index] if kept else torch.softmax(logits[start:stop].to(dtype), dim=-1)
+            upstream = grad_selected[start:stop].to(dtype).unsqueeze(-1)
             # d logp_target / d logits = onehot(target) - softmax(logits)
-            block_grad = torch.softmax(block, dim=-1).mul_(-upstream)
-            block_grad.scatter_add_(
-                -1, target_ids[start : start + ctx.chunk].unsqueeze(-1), upstream
-            )
-            grad[start : start + ctx.chunk] = block_grad.to(grad.dtype)
+            block_grad = probs * -upstream
+            block_grad.scatter_add_(-1, target_ids[start:stop].unsqueeze(-1), upstream)
+            grad[start:stop] = block_grad.to(grad.dtype)
         return grad, None, None
 
 
