@@ -98,3 +98,13 @@ def test_malformed_group_payload_is_a_validation_error() -> None:
     for payload in ({"trajectories": 3}, {"trajectories": [5]}, {"trajectories": "abc"}):
         with pytest.raises(pydantic.ValidationError, match="trajectories"):
             art.TrajectoryGroup.model_validate(payload)
+
+
+def test_import_art_core_does_not_import_torch() -> None:
+    """A RemoteBackend client (a laptop) never needs torch; importing it costs ~1.5 s."""
+    import subprocess
+    import sys
+
+    code = "import sys, art_core; print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

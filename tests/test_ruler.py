@@ -124,6 +124,9 @@ async def test_scores_replace_rewards_in_order_with_explanations_and_metrics(jud
         # the stand-in's explanation is derived from the run it saw: one call, one result
         assert "1 tool calls, 1 tool results, hint " + hint in trajectory.logs[0]
         assert trajectory.logs[0].startswith("RULER (judge-1) score")
+        verdict = trajectory.metadata["ruler"]
+        assert verdict["judge_model"] == "judge-1" and verdict["score"] == float(hint)
+        assert "1 tool calls, 1 tool results, hint " + hint in verdict["explanation"]
     assert len(judge.requests) == 1
     m = group.metrics
     assert m["ruler_judge_calls"] == 1

@@ -256,3 +256,25 @@ def test_tool_calls_recorded_from_another_thread_reach_the_rollout() -> None:
     assert pipeline.flush(5)
     assert "execute_tool lookup" in [s.name for s in memory.get_finished_spans()]
     pipeline.shutdown(1)
+
+
+def test_ruler_explanation_comes_from_metadata_before_logs() -> None:
+    from art_core.tracing.build import rollout_scores
+
+    record = RolloutRecord(
+        id="r1",
+        calls=[],
+        reward=0.7,
+        start_time=1.0,
+        logs=["RULER (old) score 0.100: an earlier scoring", "a later user log line"],
+        metrics={"ruler_score": 0.7, "independent_reward": 1.0},
+        metadata={"ruler": {"judge_model": "j", "score": 0.7, "explanation": "found the flight"}},
+    )
+    scores = {s.name: s for s in rollout_scores(record, TracingSettings())}
+    assert scores["ruler_score"].value == 0.7
+    assert scores["ruler_score"].comment == "found the flight"
+    legacy = RolloutRecord(
+        id="r2", calls=[], reward=0.1, start_time=1.0, logs=record.logs, metrics=record.metrics
+    )
+    legacy_scores = {s.name: s for s in rollout_scores(legacy, TracingSettings())}
+    assert legacy_scores["ruler_score"].comment == "an earlier scoring"

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from art_core.embedded import resolve_base_model
 from art_core.engines.base import Engine
 from art_core.engines.prompts import PromptBuilder
-from art_core.engines.transformers_engine import TransformersEngine
 from art_core.engines.vllm_engine import VLLMEngine
 from art_core.files import append_line, atomic_write_text
 from art_core.gateway.app import Gateway, ServedModel
@@ -179,6 +178,10 @@ class LocalBackend:
         if self.engine_name == "vllm":
             engine = VLLMEngine(base_path, log_dir=folder / "logs")
         else:
+            # Imported here: torch takes ~1.5 s to import, and `import art_core` should not
+            # pay it (a RemoteBackend client never needs it).
+            from art_core.engines.transformers_engine import TransformersEngine
+
             engine = TransformersEngine(
                 base_path,
                 device=self.device,

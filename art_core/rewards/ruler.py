@@ -382,7 +382,8 @@ def apply_judgement(group: TrajectoryGroup, judgement: Judgement) -> None:
 
     Per trajectory: ``reward`` = the score, ``metrics["ruler_score"]``,
     ``metrics["independent_reward"]`` (the reward before the first RULER scoring; re-scoring
-    keeps it), and a log line with the explanation. Per group (the judge cost is per group,
+    keeps it), ``metadata["ruler"]`` (judge model, score, explanation) and a log line with
+    the explanation. Per group (the judge cost is per group,
     so it is not repeated on each run): ``ruler_judge_calls``, ``ruler_prompt_tokens``,
     ``ruler_completion_tokens``, ``ruler_judge_latency_s``, ``ruler_cache_hit``,
     ``ruler_unique_runs``, ``ruler_truncated_tool_results``.
@@ -393,6 +394,11 @@ def apply_judgement(group: TrajectoryGroup, judgement: Judgement) -> None:
             trajectory.metrics["independent_reward"] = trajectory.reward
         trajectory.metrics["ruler_score"] = verdict.score
         trajectory.reward = verdict.score
+        trajectory.metadata["ruler"] = {
+            "judge_model": judgement.judge_model,
+            "score": verdict.score,
+            "explanation": verdict.explanation,
+        }
         trajectory.log(
             f"RULER ({judgement.judge_model}) score {verdict.score:.3f}: {verdict.explanation}"
         )

@@ -78,8 +78,15 @@ def rollout_scores(record: RolloutRecord, settings: TracingSettings) -> list[Sco
         scores.append(Score("reward", float(record.reward)))
     ruler = record.metrics.get("ruler_score")
     if isinstance(ruler, int | float) and not isinstance(ruler, bool):
-        found = ruler_explanation(record.logs) if settings.capture_content else None
-        scores.append(Score("ruler_score", float(ruler), found[1] if found else None))
+        explanation = None
+        if settings.capture_content:
+            verdict = record.metadata.get("ruler")
+            if isinstance(verdict, Mapping) and isinstance(verdict.get("explanation"), str):
+                explanation = verdict["explanation"]
+            else:  # trajectories scored before RULER wrote metadata["ruler"]
+                found = ruler_explanation(record.logs)
+                explanation = found[1] if found else None
+        scores.append(Score("ruler_score", float(ruler), explanation))
     independent = record.metrics.get("independent_reward")
     if isinstance(independent, int | float) and not isinstance(independent, bool):
         scores.append(Score("independent_reward", float(independent)))
