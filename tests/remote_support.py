@@ -18,19 +18,6 @@ from typing import Any
 
 import art_core as art
 
-CITY_TOOL: Any = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
 LISTENING = re.compile(r"listening on (http://\S+)")
 TOKEN_LINE = re.compile(r"token (\S+) \(generated")
 

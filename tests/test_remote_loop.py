@@ -20,7 +20,8 @@ os.environ.setdefault(
     "ART_CORE_MODELS_DIR", str(Path(tempfile.gettempdir()) / "art-core-test-models")
 )
 
-from remote_support import CITY_TOOL, CuttableProxy, ServerProcess, groups_of
+from remote_support import CuttableProxy, ServerProcess, groups_of
+from rollout_checks import WEATHER_TOOL as CITY_TOOL
 
 import art_core as art
 from art_core.training import TrainConfig

@@ -5,24 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from rollout_checks import WEATHER_TOOL
 from transformers import AutoTokenizer
 
 from art_core.embedded import resolve_base_model
 from art_core.training.sequences import TokenSequence, assemble_sequences
 from art_core.trajectories import LLMCall
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 
 
 @pytest.fixture(scope="module")

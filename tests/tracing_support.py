@@ -10,21 +10,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import art_core as art
+from rollout_checks import WEATHER_TOOL as CITY_TOOL
 
-CITY_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
+import art_core as art
 
 
 def weather(city: str) -> str:
