@@ -35,7 +35,24 @@ async def test_adapter_swap_changes_outputs_and_records_step(
         pinned_ids, pinned_step = await served(f"{tiny_model.name}@7")
     finally:
         # leave the shared model as the other tests expect it: serving the base weights
-        engine._current = None
+        engine._adapters.current = None  # type: ignore[attr-defined]
     assert before_step == 0 and after_step == 7 and pinned_step == 7 and pinned_base_step == 0
     assert after_ids != before_ids
     assert pinned_ids == after_ids and pinned_base_ids == before_ids
+
+
+def test_adapter_registry_keeps_the_newest_and_a_default() -> None:
+    from art_core.engines.base import AdapterInfo, AdapterRegistry
+
+    registry = AdapterRegistry(capacity=2)
+    assert registry.current is None and registry.by_step(0).name == "base"
+    assert registry.add(AdapterInfo("step-1", 1, None)) == []
+    assert registry.add(AdapterInfo("step-2", 2, None)) == []
+    assert [a.name for a in registry.add(AdapterInfo("step-3", 3, None))] == ["step-1"]
+    assert [a.step for a in registry.all()] == [2, 3] and registry.current.step == 3
+    assert registry.by_step(1) is None and registry.get("step-2").step == 2
+    # re-adding a name makes it the newest again, so the other one is evicted next
+    registry.add(AdapterInfo("step-2", 2, None))
+    assert [a.name for a in registry.add(AdapterInfo("step-4", 4, None))] == ["step-3"]
+    registry.remove("step-4")
+    assert registry.current is None and "step-4" not in registry and len(registry) == 1

@@ -59,6 +59,64 @@ class AdapterInfo:
     path: Path | None
 
 
+class AdapterRegistry:
+    """The adapters an engine has loaded, oldest first, and the one it serves by default.
+
+    Both engines keep their adapters here; each does its own loading and unloading, and
+    ``add`` tells it which adapters fell out (beyond ``capacity``, oldest first).
+
+    Example:
+        >>> registry = AdapterRegistry(capacity=1)
+        >>> registry.add(AdapterInfo("step-1", 1, None))
+        []
+        >>> [a.name for a in registry.add(AdapterInfo("step-2", 2, None))]
+        ['step-1']
+        >>> registry.current.step, registry.by_step(0).name
+        (2, 'base')
+    """
+
+    def __init__(self, capacity: int, *, base_name: str = "base") -> None:
+        self.capacity = capacity
+        self.base_name = base_name
+        self.current: AdapterInfo | None = None
+        self._loaded: dict[str, AdapterInfo] = {}
+
+    def __len__(self) -> int:
+        return len(self._loaded)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._loaded
+
+    def all(self) -> list[AdapterInfo]:
+        """The loaded adapters, oldest first."""
+        return list(self._loaded.values())
+
+    def get(self, name: str) -> AdapterInfo | None:
+        return self._loaded.get(name)
+
+    def by_step(self, step: int) -> AdapterInfo | None:
+        """The adapter of ``step`` (step 0: the base model), or None when not loaded."""
+        if step == 0:
+            return AdapterInfo(name=self.base_name, step=0, path=None)
+        return next((a for a in self._loaded.values() if a.step == step), None)
+
+    def add(self, info: AdapterInfo) -> list[AdapterInfo]:
+        """Register ``info`` as the newest adapter and the default; return the evicted ones."""
+        self._loaded.pop(info.name, None)
+        self._loaded[info.name] = info
+        self.current = info
+        evicted = []
+        while len(self._loaded) > self.capacity:
+            evicted.append(self._loaded.pop(next(iter(self._loaded))))
+        return evicted
+
+    def remove(self, name: str) -> None:
+        """Forget adapter ``name``; when it was the default, the base model becomes it."""
+        info = self._loaded.pop(name, None)
+        if info is not None and self.current is info:
+            self.current = None
+
+
 class EngineError(Exception):
     """A request the engine cannot serve (bad grammar, prompt too long); maps to HTTP 400."""
 

@@ -22,6 +22,7 @@ import torch
 
 from art_core.engines.base import (
     AdapterInfo,
+    AdapterRegistry,
     EngineError,
     GenerationRequest,
     GenerationResult,
@@ -121,8 +122,7 @@ class TransformersEngine:
         self._ll_lock = threading.Lock()
         self._eos_ids: set[int] = set()
         self._pad_id = 0
-        self._adapters: dict[str, AdapterInfo] = {}
-        self._current: AdapterInfo | None = None
+        self._adapters = AdapterRegistry(max_loaded_adapters)
         self._queue: deque[_Pending] = deque()
         self._queue_lock = threading.Lock()
         self._wake: asyncio.Event | None = None
@@ -192,17 +192,15 @@ class TransformersEngine:
 
     @property
     def current_adapter(self) -> AdapterInfo | None:
-        return self._current
+        return self._adapters.current
 
     def adapters(self) -> list[AdapterInfo]:
         """The adapters loaded now, oldest first."""
-        return list(self._adapters.values())
+        return self._adapters.all()
 
     def adapter(self, step: int) -> AdapterInfo | None:
         """The loaded adapter of ``step`` (step 0 is the base model), or None."""
-        if step == 0:
-            return AdapterInfo(name="base", step=0, path=None)
-        return next((a for a in self._adapters.values() if a.step == step), None)
+        return self._adapters.by_step(step)
 
     # ----------------------------------------------------------------------------- requests
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
@@ -261,12 +259,8 @@ class TransformersEngine:
                 self._switch_to_peft()
         if self._lora is None:
             self._load_with_peft(path, name)
-        info = AdapterInfo(name=name, step=step, path=path)
-        self._adapters.pop(name, None)
-        self._adapters[name] = info
-        self._current = info
-        while len(self._adapters) > self.max_loaded_adapters:
-            self._unload(next(iter(self._adapters)))
+        for evicted in self._adapters.add(AdapterInfo(name=name, step=step, path=path)):
+            self._unload(evicted.name)
 
     def _load_with_peft(self, path: Path, name: str) -> None:
         from peft import PeftModel
@@ -280,25 +274,23 @@ class TransformersEngine:
         self.model.eval()
 
     def _unload(self, name: str) -> None:
+        """Free an adapter the registry let go of."""
         if self._lora is not None:
             self._lora.remove(name)
         else:
             self.model.delete_adapter(name)
-        del self._adapters[name]
 
     def _switch_to_peft(self) -> None:
         """An adapter our LoRA layers cannot serve arrived: serve all of them with peft."""
         assert self._lora is not None
         self._lora.uninstall()
         self._lora = None
-        for info in list(self._adapters.values()):
+        for info in self._adapters.all():
             if info.path is not None and (info.path / "adapter_config.json").is_file():
                 self._load_with_peft(info.path, info.name)
             else:
                 logger.warning("adapter %s (%s) is gone from disk; unloaded", info.name, info.path)
-                del self._adapters[info.name]
-                if self._current is info:
-                    self._current = None
+                self._adapters.remove(info.name)
 
     # ----------------------------------------------------------------------------- scheduling
     async def _schedule(self) -> None:
@@ -342,8 +334,8 @@ class TransformersEngine:
 
     def _adapter_for(self, pending: _Pending) -> AdapterInfo | None:
         if pending.request.adapter is None:
-            return self._current
-        return self._adapters.get(pending.request.adapter) or AdapterInfo("base", 0, None)
+            return self._adapters.current
+        return self._adapters.get(pending.request.adapter) or self._adapters.by_step(0)
 
     def _take_batch(self, key: str | None = None, room: int | None = None) -> list[_Pending]:
         """Queued requests for one adapter (``key``, or the first one's), up to ``room`` rows.

@@ -26,6 +26,7 @@ import httpx
 from art_core.embedded.templates import tool_chat_template
 from art_core.engines.base import (
     AdapterInfo,
+    AdapterRegistry,
     EngineError,
     GenerationRequest,
     GenerationResult,
@@ -84,8 +85,7 @@ class VLLMEngine:
         self.tokenizer: Any = None
         self.context_length = 0
         self._eos_ids: set[int] = set()
-        self._adapters: dict[str, AdapterInfo] = {}
-        self._current: AdapterInfo | None = None
+        self._adapters = AdapterRegistry(max_loras, base_name=BASE_NAME)
         self._process: subprocess.Popen[bytes] | None = None
         self._client: httpx.AsyncClient | None = None
         self._running = asyncio.Event()
@@ -220,15 +220,13 @@ class VLLMEngine:
 
     @property
     def current_adapter(self) -> AdapterInfo | None:
-        return self._current
+        return self._adapters.current
 
     def adapters(self) -> list[AdapterInfo]:
-        return list(self._adapters.values())
+        return self._adapters.all()
 
     def adapter(self, step: int) -> AdapterInfo | None:
-        if step == 0:
-            return AdapterInfo(name=BASE_NAME, step=0, path=None)
-        return next((a for a in self._adapters.values() if a.step == step), None)
+        return self._adapters.by_step(step)
 
     async def load_adapter(self, path: Path, step: int, *, name: str | None = None) -> None:
         """Load an adapter folder into vLLM (each step has its own folder: reloading one
@@ -238,15 +236,10 @@ class VLLMEngine:
         name = name or f"step-{step}"
         if name in self._adapters:
             await self._post("/v1/unload_lora_adapter", {"lora_name": name})
-            del self._adapters[name]
+            self._adapters.remove(name)
         await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
-        info = AdapterInfo(name=name, step=step, path=Path(path))
-        self._adapters[name] = info
-        self._current = info
-        while len(self._adapters) > self.max_loras:
-            oldest = next(iter(self._adapters))
-            await self._post("/v1/unload_lora_adapter", {"lora_name": oldest})
-            del self._adapters[oldest]
+        for evicted in self._adapters.add(AdapterInfo(name=name, step=step, path=Path(path))):
+            await self._post("/v1/unload_lora_adapter", {"lora_name": evicted.name})
 
     async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         assert self._client is not None, "the engine is not started"
@@ -302,9 +295,9 @@ class VLLMEngine:
             )
         await self._running.wait()
         adapter = (
-            self._current
+            self._adapters.current
             if request.adapter is None
-            else next((a for a in self._adapters.values() if a.name == request.adapter), None)
+            else self._adapters.get(request.adapter)
         )
         self._inflight += 1
         self._idle.clear()
