@@ -56,3 +56,44 @@ def test_adapter_registry_keeps_the_newest_and_a_default() -> None:
     assert [a.name for a in registry.add(AdapterInfo("step-4", 4, None))] == ["step-3"]
     registry.remove("step-4")
     assert registry.current is None and "step-4" not in registry and len(registry) == 1
+
+
+async def test_sampling_and_training_of_a_model_run_on_one_thread(
+    backend: art.LocalBackend,
+) -> None:
+    """OpenMP keeps a thread team per calling thread: torch work hopping between threads made
+    decoding ~1.7x slower, so a model's engine batches and training steps share one thread."""
+    import threading
+
+    from art_core.engines.base import GenerationRequest, SamplingParams
+    from art_core.training import TrainConfig
+
+    model = art.TrainableModel(name="one-thread", project="tests", base_model="tiny-random")
+    await model.register(backend)
+    engine = backend.engine(model)
+    sampled_on: set[int] = set()
+    trained_on: set[int] = set()
+
+    async def rollout(reward: float) -> art.Trajectory:
+        async with art.capture(model) as run:
+            await run.openai_client().chat.completions.create(
+                model=model.name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+        return run.trajectory(reward=reward)
+
+    group = art.TrajectoryGroup([await rollout(1.0), await rollout(0.0)])
+    request = GenerationRequest(
+        [1, 2, 3],
+        SamplingParams(max_tokens=3),
+        on_tokens=lambda _choice, _ids: sampled_on.add(threading.get_ident()),
+    )
+    await backend.server.call(engine.generate(request))
+    await backend._train(
+        model,
+        [group],
+        TrainConfig(learning_rate=1e-3),
+        on_progress=lambda _record: trained_on.add(threading.get_ident()),
+    )
+    await backend.server.call(engine.generate(request))
+    assert len(sampled_on) == 1 and sampled_on == trained_on
+    assert threading.get_ident() not in sampled_on  # and it is not the event loop's thread
