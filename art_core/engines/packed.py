@@ -13,10 +13,13 @@ read them), so packing is skipped for models whose linear weights exceed ``max_b
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import torch
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 # Rows per call the packing is tuned for (decoding batches); any row count still works.
 _BATCH_HINT = 32
@@ -58,12 +61,18 @@ def pack_linears(model: nn.Module, *, max_bytes: int = 2 << 30) -> int:
     total = sum(m.weight.numel() * m.weight.element_size() for m in linears)
     if total > max_bytes:
         return 0
-    with torch.no_grad():
-        for linear in linears:
-            linear._art_packed = torch.ops.mkldnn._reorder_linear_weight(  # type: ignore[assignment]
-                linear.weight.detach(), _BATCH_HINT
-            )
-            restore_forward(linear)
+    try:
+        with torch.no_grad():
+            packed = [
+                torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), _BATCH_HINT)
+                for linear in linears
+            ]
+    except RuntimeError as exc:  # an odd layer oneDNN rejects: serve everything unpacked
+        logger.warning("not pre-packing linear weights: %s", exc)
+        return 0
+    for linear, weight in zip(linears, packed, strict=True):
+        linear._art_packed = weight  # type: ignore[assignment]
+        restore_forward(linear)
     return len(linears)
 
 
