@@ -98,16 +98,23 @@ async def run_ours(args: argparse.Namespace, batches: list[list[str]], workdir: 
         scale_rewards=True,
     )
 
-    async def rollout(model: art.TrainableModel, prompt: str) -> art.Trajectory:
+    async def rollout(model: art.TrainableModel, prompt: str, seed: int | None) -> art.Trajectory:
         async with art.capture(model) as run:
             response = await run.openai_client().chat.completions.create(
                 model=run.model_name,
                 messages=[{"role": "user", "content": prompt}],
                 max_tokens=args.max_tokens,
                 temperature=1.0,
+                seed=seed,
             )
         answer = response.choices[0].message.content or ""
         return run.trajectory(reward=digit_fraction(answer))
+
+    def rollout_seed(step: int, prompt: int, rollout: int) -> int | None:
+        # Seeded like TRL's run (GRPOConfig(seed=...)): the same command gives the same curve.
+        if args.seed is None:
+            return None
+        return args.seed * 1_000_000 + step * 1000 + prompt * 100 + rollout
 
     async with art.LocalBackend(path=workdir / "ours", dtype=args.engine_dtype) as backend:
         model = art.TrainableModel(name="bench", project="bench", base_model="smollm2-135m")
@@ -116,8 +123,11 @@ async def run_ours(args: argparse.Namespace, batches: list[list[str]], workdir: 
             started, cpu_started = time.perf_counter(), time.process_time()
             groups = await art.gather_trajectory_groups(
                 (
-                    art.TrajectoryGroup(rollout(model, p) for _ in range(args.group_size))
-                    for p in prompts
+                    art.TrajectoryGroup(
+                        rollout(model, p, rollout_seed(step, index, i))
+                        for i in range(args.group_size)
+                    )
+                    for index, p in enumerate(prompts)
                 ),
                 pbar_desc=None,
             )
@@ -207,7 +217,7 @@ def run_trl(
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
-        seed=0,
+        seed=args.seed if args.seed is not None else 0,
         # TRL's own defaults on CPU (bf16 autocast, gradient checkpointing) measured ~2x
         # slower here: HF generate under bf16 autocast re-casts every weight each token.
         # Give TRL its fastest CPU settings unless --trl-defaults is passed.
@@ -313,6 +323,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--eval-samples", type=int, default=8, help="answers per held-out prompt")
     parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds both loops' sampling (ours: per request); pass -1 for unseeded rollouts",
+    )
+    parser.add_argument(
         "--reward-threshold", type=float, default=0.9, help="train reward for 'time to reward'"
     )
     parser.add_argument(
@@ -326,6 +342,8 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     args = parser.parse_args()
+    if args.seed is not None and args.seed < 0:
+        args.seed = None
 
     import torch
 
