@@ -321,7 +321,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--eval-samples", type=int, default=8, help="answers per held-out prompt")
+    parser.add_argument("--eval-samples", type=int, default=16, help="answers per held-out prompt")
     parser.add_argument(
         "--seed",
         type=int,
