@@ -127,7 +127,10 @@ def read_adapter(folder: Path) -> _AdapterWeights:
             problems.append(f"{key}={config[key]!r}")
     if problems:
         raise UnsupportedAdapter(f"adapter {folder} uses {', '.join(problems)}")
-    rank, alpha = int(config["r"]), float(config["lora_alpha"])
+    try:
+        rank, alpha = int(config["r"]), float(config["lora_alpha"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnsupportedAdapter(f"adapter {folder} has no usable r / lora_alpha: {exc}") from exc
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
 
     weights_file = folder / "adapter_model.safetensors"
