@@ -87,6 +87,10 @@ def default_dtype(device: str) -> torch.dtype:
 class TransformersEngine:
     """In-process engine over a local Hugging Face model folder (CPU or CUDA).
 
+    ``batch_window``: seconds an idle engine waits, while requests keep arriving, before it
+    starts a batch (so a burst of rollouts shares one prefill). ``worker``: the single thread
+    to run torch work on (LocalBackend shares one with the trainer); by default its own.
+
     Example:
         >>> engine = TransformersEngine(Path(".art/base_models/tiny-random"))  # doctest: +SKIP
         >>> await engine.start()  # doctest: +SKIP
