@@ -72,7 +72,7 @@ class _Adapted:
         else:
             # An instance attribute shadows the class's forward; the module tree, parameter
             # names and ``lm_head.weight``-style accesses all stay as they were.
-            self.linear.forward = functools.partial(lora_forward, self.linear, *delta)
+            self.linear.forward = functools.partial(lora_forward, self.linear, *delta)  # type: ignore[method-assign]
 
 
 @dataclass
@@ -183,10 +183,6 @@ class LoraServer:
         """The adapters loaded now."""
         return sorted(self._names)
 
-    @property
-    def active(self) -> str | None:
-        return self._active
-
     def load(self, name: str, folder: Path) -> None:
         """Load adapter ``folder`` as ``name`` (replacing one of that name).
 
@@ -225,11 +221,11 @@ class LoraServer:
         self.remove(name)
         for path, module in targets.items():
             layer = self._layers.setdefault(path, _Adapted(module))
-            lora_a, scaled_b = weights.deltas[path]
+            lora_a, scaled_b = weights.deltas[path]  # fp32 from read_adapter
             device = module.weight.device
             layer.deltas[name] = (
-                lora_a.to(device=device, dtype=torch.float32).t().contiguous(),
-                scaled_b.to(device=device, dtype=torch.float32).t().contiguous(),
+                lora_a.to(device).t().contiguous(),
+                scaled_b.to(device).t().contiguous(),
             )
         self._names.add(name)
 

@@ -111,11 +111,9 @@ class TransformersEngine:
         self.model_path = Path(model_path)
         self.batch_window = batch_window
         self.device = device or default_device()
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
-        self.dtype = dtype or default_dtype(self.device)
+        resolved = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.dtype: torch.dtype = resolved or default_dtype(self.device)
         self.max_batch_size = max_batch_size
-        self.max_loaded_adapters = max_loaded_adapters
         self.tokenizer: Any = None
         self.context_length = 0
         self.model: Any = None
@@ -189,6 +187,15 @@ class TransformersEngine:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-engine")
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    @property
+    def max_loaded_adapters(self) -> int:
+        """How many adapters stay loaded (the oldest is unloaded beyond it)."""
+        return self._adapters.capacity
+
+    @max_loaded_adapters.setter
+    def max_loaded_adapters(self, value: int) -> None:
+        self._adapters.capacity = value
 
     @property
     def eos_token_ids(self) -> set[int]:

@@ -75,7 +75,6 @@ class VLLMEngine:
         self.log_dir = Path(log_dir)
         self.python = python or runtime_python()
         self.max_model_len = max_model_len
-        self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self.startup_timeout = startup_timeout
         self.extra_args = list(extra_args or [])
@@ -214,6 +213,16 @@ class VLLMEngine:
             await asyncio.to_thread(process.wait)
 
     # ----------------------------------------------------------------------------- adapters
+    @property
+    def max_loras(self) -> int:
+        """How many adapters stay loaded in vLLM (its ``--max-loras``; the oldest is unloaded
+        beyond it)."""
+        return self._adapters.capacity
+
+    @max_loras.setter
+    def max_loras(self, value: int) -> None:
+        self._adapters.capacity = value
+
     @property
     def eos_token_ids(self) -> set[int]:
         return set(self._eos_ids)

@@ -40,8 +40,9 @@ def token_logprobs(
 
     Memory: a plain ``log_softmax(logits.float())`` keeps a full fp32 ``(tokens, vocab)``
     copy for backward, and the entropy adds two more; with a 49k vocabulary and 4k tokens
-    that is ~2.4 GB per micro-batch. Here the softmax is computed in row chunks in forward
-    and recomputed in backward, so nothing vocabulary-sized is kept beyond the logits.
+    that is ~2.4 GB per micro-batch. Here the softmax is computed in row chunks; backward
+    reuses it when the batch is small (up to 64M logits) and recomputes it chunk by chunk
+    when it is larger, so a large batch keeps nothing vocabulary-sized beyond the logits.
 
     Example:
         >>> lp, ent = token_logprobs(torch.zeros(1, 4), torch.tensor([2]))
