@@ -19,6 +19,7 @@ from art_core.tracing import genai
 from art_core.tracing.otel import TRACER_NAME, OtelSink, new_provider
 from art_core.tracing.settings import TracingSettings
 from art_core.tracing.tree import AttributeValue, Score, ScoreUpdate, SpanNode
+from art_core.tracing.worker import call_with_timeout
 
 OBSERVATION_TYPES = {"rollout": "agent", "llm": "generation", "tool": "tool", "train": "span"}
 
@@ -176,16 +177,7 @@ class LangfuseSink(OtelSink):
 
     def flush(self, timeout_s: float) -> bool:
         # Langfuse's flush has no timeout (it retries a down host for seconds): bound it.
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                self.client.flush()
-            finally:
-                done.set()
-
-        threading.Thread(target=run, name="art-langfuse-flush", daemon=True).start()
-        return done.wait(timeout_s)
+        return call_with_timeout(self.client.flush, timeout_s, name="art-langfuse-flush")
 
     def shutdown(self, timeout_s: float) -> None:
         self.flush(timeout_s)

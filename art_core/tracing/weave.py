@@ -17,6 +17,7 @@ from typing import Any
 from art_core.tracing import genai
 from art_core.tracing.settings import TracingSettings
 from art_core.tracing.tree import Score, ScoreUpdate, SpanNode
+from art_core.tracing.worker import call_with_timeout
 
 MAX_REMEMBERED = 20_000
 # Content already shown as the call's inputs/outputs: not repeated in its attributes.
@@ -144,16 +145,7 @@ class WeaveSink:
             self._add_feedback(call, update.scores)
 
     def flush(self, timeout_s: float) -> bool:
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                self.client.flush()
-            finally:
-                done.set()
-
-        threading.Thread(target=run, name="art-weave-flush", daemon=True).start()
-        return done.wait(timeout_s)
+        return call_with_timeout(self.client.flush, timeout_s, name="art-weave-flush")
 
     def shutdown(self, timeout_s: float) -> None:
         self.flush(timeout_s)

@@ -18,6 +18,29 @@ logger = logging.getLogger("art_core.tracing")
 Task = Callable[[], None]
 
 
+def call_with_timeout(fn: Task, timeout_s: float, name: str) -> bool:
+    """Run ``fn`` on a daemon thread; True when it returned within ``timeout_s``.
+
+    For SDK calls with no timeout of their own (a flush that retries a down host for a
+    long time): the caller waits at most ``timeout_s``, and a hung call cannot keep the
+    process alive at exit.
+
+    Example:
+        >>> call_with_timeout(lambda: None, 1.0, name="noop")
+        True
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            fn()
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return done.wait(timeout_s)
+
+
 class Worker:
     """One daemon thread draining a bounded queue of tasks; a failing task is logged.
 
