@@ -54,7 +54,7 @@ class Run:
 
     async def fetch_calls(self, *, release: bool = False) -> list[LLMCall]:
         """The calls recorded so far, in the order they were issued."""
-        calls = await self.model.backend._rollout_calls(
+        calls = await self.model.backend().rollout_calls(
             self.model, self.rollout_id, release=release
         )
         return list(calls)

@@ -1,53 +1,48 @@
-"""``Model`` (any OpenAI-compatible model, e.g. a judge) and ``TrainableModel`` (ours)."""
+"""``Model`` (any OpenAI-compatible model, e.g. a judge) and ``TrainableModel`` (ours).
+
+Both keep OpenPipe ART's names and call shapes: ``model.backend()`` is a method,
+``config`` is any JSON-serializable value (a user's pydantic model in ART's examples, or a
+dict) and ``TrainableModel[MyConfig]`` works as a type. A model talks to its backend only
+through the public ``art_core.backends.base.Backend`` protocol.
+"""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+import json
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Generic
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator
+from typing_extensions import TypeVar
 
+from art_core.names import check_name
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
+    from art_core.backends.base import Backend
     from art_core.training.config import TrainConfig, TrainResult
 
-# Names become folder names under the art path: no separators, no "..", no hidden files.
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# The type of ``config`` (ART: the user's pydantic model); unparametrized, anything JSON.
+ModelConfig = TypeVar("ModelConfig", default=Any)
+
+# ART's ``_config`` (its ``dev.TrainConfig``) keys that mean the same here, by TrainConfig
+# field; the rest tune ART's own GPU pipeline and have nothing to act on here.
+_DEV_TRAIN_FIELDS = {
+    "epsilon": "epsilon",
+    "epsilon_high": "epsilon_high",
+    "scale_rewards": "scale_rewards",
+}
 
 
-def check_name(value: str, what: str) -> str:
-    if not NAME_PATTERN.match(value) or ".." in value:
-        raise ValueError(
-            f"{what} {value!r} must be 1-128 letters, digits, '.', '_' or '-', start with a "
-            "letter or digit, and not contain '..'"
-        )
-    return value
+def _plain_config(config: Any) -> Any:
+    """A model's ``config`` as JSON data (pydantic models are dumped), for saving it."""
+    return config.model_dump(mode="json") if isinstance(config, BaseModel) else config
 
 
-class Backend(Protocol):
-    """What a model needs from the backend it is registered with."""
-
-    async def register(self, model: TrainableModel) -> None: ...
-    async def _train(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
-    ) -> TrainResult: ...
-    async def _get_step(self, model: TrainableModel) -> int: ...
-    async def _log(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], split: str
-    ) -> None: ...
-    async def _delete_checkpoints(
-        self, model: TrainableModel, best_checkpoint_metric: str
-    ) -> list[int]: ...
-    async def _rollout_calls(
-        self, model: TrainableModel, rollout_id: str, *, release: bool
-    ) -> list[Any]: ...
-
-
-class Model(BaseModel):
+class Model(BaseModel, Generic[ModelConfig]):
     """A model reachable over the OpenAI API (a hosted judge, a vLLM server, ...).
 
     Example:
@@ -61,11 +56,12 @@ class Model(BaseModel):
 
     name: str
     project: str = "default"
+    config: ModelConfig | None = None
     inference_base_url: str | None = None
     inference_api_key: str | None = None
     inference_model_name: str | None = None
-    trainable: bool = False
-    config: dict[str, Any] = Field(default_factory=dict)
+
+    _backend: Backend | None = PrivateAttr(default=None)
 
     @field_validator("name")
     @classmethod
@@ -77,9 +73,35 @@ class Model(BaseModel):
     def _project(cls, value: str) -> str:
         return check_name(value, "project name")
 
-    def get_inference_name(self) -> str:
-        """The model name to put in chat-completion requests."""
-        return self.inference_model_name or self.name
+    @property
+    def trainable(self) -> bool:
+        return False
+
+    def backend(self) -> Backend:
+        """The backend this model is registered with (``register`` first)."""
+        if self._backend is None:
+            raise RuntimeError(
+                f"model {self.name!r} is not registered: `await model.register(backend)`"
+            )
+        return self._backend
+
+    def config_json(self) -> Any:
+        """``config`` as JSON data (a pydantic config is dumped); ``ValueError`` when it
+        cannot be serialized."""
+        try:
+            plain = _plain_config(self.config)
+            json.dumps(plain, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"model {self.name!r}: config is not JSON-serializable: {exc}"
+            ) from None
+        return plain
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        """The model name to put in chat-completion requests; ``step`` names one adapter
+        (``NAME@STEP``, as the gateway serves it)."""
+        name = self.inference_model_name or self.name
+        return name if step is None else f"{name}@{step}"
 
     def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` client for this model's inference endpoint."""
@@ -91,8 +113,44 @@ class Model(BaseModel):
             self.inference_base_url, self.inference_api_key or "art", **kwargs
         )
 
+    async def register(self, backend: Backend) -> None:
+        """Register with ``backend`` (for a trainable model: load and serve it)."""
+        self.config_json()
+        await backend.register(self)  # type: ignore[arg-type]
+        self._backend = backend
 
-class TrainableModel(Model):
+    async def log(
+        self,
+        trajectories: Iterable[Trajectory | BaseException | TrajectoryGroup] | None = None,
+        split: str = "val",
+        *,
+        metrics: Mapping[str, float] | None = None,
+        step: int | None = None,
+    ) -> None:
+        """Save trajectories (e.g. a validation pass) and metrics to the model's history.
+
+        ``trajectories`` may be groups, or trajectories (and exceptions) forming one group.
+
+        Example:
+            >>> await model.log(val_groups)                                   # doctest: +SKIP
+            >>> await model.log(metrics=result.metrics, step=result.step)     # doctest: +SKIP
+        """
+        groups: list[TrajectoryGroup] | None = None
+        if trajectories is not None:
+            items = list(trajectories)
+            if all(isinstance(item, TrajectoryGroup) for item in items):
+                groups = [item for item in items if isinstance(item, TrajectoryGroup)]
+            elif any(isinstance(item, TrajectoryGroup) for item in items):
+                raise TypeError("log() takes trajectory groups or trajectories, not a mix")
+            else:
+                groups = [TrajectoryGroup(items)]  # type: ignore[arg-type]
+        split = check_name(split, "split")
+        # A plain Model logs through the backend of a trainable one too (ART's comparisons).
+        model: Any = self
+        await self.backend().log(model, groups, split=split, metrics=metrics, step=step)
+
+
+class TrainableModel(Model[ModelConfig], Generic[ModelConfig]):
     """A LoRA-trainable model served by a backend.
 
     Example:
@@ -102,42 +160,55 @@ class TrainableModel(Model):
     """
 
     base_model: str
-    trainable: bool = True
-    _backend: Backend | None = PrivateAttr(default=None)
+    # ART's unstable engine/trainer knobs (``art.dev.InternalModelConfig``); kept so ART
+    # code that sets it runs, applied where a knob means something here.
+    _internal_config: dict[str, Any] | None = PrivateAttr(default=None)
+
+    def __init__(self, *, _internal_config: Mapping[str, Any] | None = None, **data: Any) -> None:
+        super().__init__(**data)
+        if _internal_config is not None:
+            self._internal_config = dict(_internal_config)
 
     @property
-    def backend(self) -> Backend:
-        if self._backend is None:
-            raise RuntimeError(
-                f"model {self.name!r} is not registered: `await model.register(backend)`"
-            )
-        return self._backend
+    def trainable(self) -> bool:
+        return True
 
     async def register(self, backend: Backend) -> None:
         """Load the model in ``backend`` (resuming from its latest checkpoint) and serve it."""
-        await backend.register(self)
-        self._backend = backend
+        await super().register(backend)
 
     async def train(
-        self, groups: Iterable[TrajectoryGroup], config: TrainConfig | None = None
+        self,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
     ) -> TrainResult:
-        """One GRPO step on ``groups``; the new adapter is served when this returns."""
-        from art_core.training.config import TrainConfig
+        """One GRPO step on ``trajectory_groups``; the new adapter is served when this returns.
 
-        return await self.backend._train(self, list(groups), config or TrainConfig())
+        ``_config`` takes ART's unstable ``dev.TrainConfig`` keys; those that mean the same
+        here (``epsilon``, ``epsilon_high``, ``scale_rewards``) override ``config``, the rest
+        tune ART's GPU pipeline and are ignored with a warning.
+        """
+        overrides: dict[str, Any] = {}
+        ignored = []
+        for key, value in (_config or {}).items():
+            if key in _DEV_TRAIN_FIELDS:
+                overrides[_DEV_TRAIN_FIELDS[key]] = value
+            else:
+                ignored.append(key)
+        if ignored:
+            warnings.warn(
+                f"train(_config=...): {', '.join(sorted(ignored))} tune ART's own GPU pipeline "
+                "and have no effect here",
+                stacklevel=2,
+            )
+        return await self.backend().train(self, list(trajectory_groups), config, **overrides)  # type: ignore[arg-type]
 
     async def get_step(self) -> int:
         """The step of the latest checkpoint (0 = the base model)."""
-        return await self.backend._get_step(self)
-
-    async def log(
-        self, trajectories: Iterable[Trajectory | TrajectoryGroup], split: str = "val"
-    ) -> None:
-        """Save trajectories (e.g. a validation pass) and their mean reward to the history."""
-        items = list(trajectories)
-        groups = [g if isinstance(g, TrajectoryGroup) else TrajectoryGroup([g]) for g in items]
-        await self.backend._log(self, groups, check_name(split, "split"))
+        return await self.backend().get_step(self)  # type: ignore[arg-type]
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
         """Delete all checkpoints but the latest and the best by ``best_checkpoint_metric``."""
-        return await self.backend._delete_checkpoints(self, best_checkpoint_metric)
+        return await self.backend().delete_checkpoints(self, best_checkpoint_metric)  # type: ignore[arg-type]

@@ -259,3 +259,22 @@ class TrajectoryGroup(BaseModel):
 
     def __await__(self):  # type: ignore[no-untyped-def]
         return self.run().__await__()
+
+
+def require_finished(groups: Iterable[TrajectoryGroup]) -> None:
+    """Raise ``ValueError`` when a group still has rollouts that have not run.
+
+    Training, logging and judging need finished groups; a group built from coroutines must
+    be awaited first (or gathered with ``gather_trajectory_groups``).
+
+    Example:
+        >>> require_finished([TrajectoryGroup([Trajectory(reward=1.0)])])
+    """
+    for index, group in enumerate(groups):
+        if not isinstance(group, TrajectoryGroup):
+            raise TypeError(f"groups[{index}] is a {type(group).__name__}, not a TrajectoryGroup")
+        if group.pending:
+            raise ValueError(
+                f"groups[{index}] still has {group.pending} pending rollouts that have not run: "
+                "await the group (or use gather_trajectory_groups) first"
+            )

@@ -23,8 +23,9 @@ os.environ.setdefault(
 from remote_support import ServerProcess, groups_of
 
 import art_core as art
-from art_core.backends.local import LocalBackend, latest_checkpoint
+from art_core.backends.local import LocalBackend
 from art_core.backends.remote import TrainingInterrupted
+from art_core.model_folder import ModelFolder
 from art_core.server.jobs import JobStore
 from art_core.server.service import Service
 from art_core.server.settings import ServeSettings
@@ -77,7 +78,7 @@ async def test_sigkill_during_training_then_restart_resumes_cleanly(server: Serv
 
     # On disk: step 1 complete, nothing that looks like a (half-written) step 2.
     assert complete_steps(folder) == [1]
-    latest = latest_checkpoint(folder)
+    latest = ModelFolder(folder).latest_checkpoint()
     assert latest is not None and latest[0] == 1
 
     server.start()  # same folder, same port: the client reattaches to its job
@@ -129,6 +130,7 @@ def test_restart_reconciles_jobs_from_the_checkpoints(tmp_path: Path) -> None:
     checkpoint = tmp_path / "p" / "models" / "m1" / "checkpoints" / "0002"
     checkpoint.mkdir(parents=True)
     (checkpoint / "adapter_config.json").write_text("{}")
+    (checkpoint / "adapter_model.safetensors").write_bytes(b"")
     (checkpoint / "trainer_state.json").write_text(json.dumps({"metrics": {"train/loss": 0.5}}))
     half = tmp_path / "p" / "models" / "m2" / "checkpoints" / ".0002-tmp"
     half.mkdir(parents=True)  # a staging folder a kill left behind: never a checkpoint

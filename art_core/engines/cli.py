@@ -13,7 +13,7 @@ def report() -> int:
     Example:
         >>> report()  # doctest: +SKIP
     """
-    from art_core.backends.local import choose_engine
+    from art_core.engines.select import choose_engine
 
     status = vllm_status()
     device = "CUDA" if has_cuda() else "CPU"

@@ -14,10 +14,17 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
 
 @dataclass
 class ChatTokenizer:
+    """A model's tokenizer with its tool-capable chat template, end-of-turn ids and sizes.
+
+    ``vocab_size`` is the larger of the tokenizer's and the model config's (padded
+    vocabularies): any id below it is one the model can be given.
+    """
+
     tokenizer: Any
     eos_token_ids: set[int]
     pad_token_id: int
     context_length: int
+    vocab_size: int = 0
 
 
 def load_chat_tokenizer(model_path: Path) -> ChatTokenizer:
@@ -53,5 +60,6 @@ def load_chat_tokenizer(model_path: Path) -> ChatTokenizer:
         raise ValueError(f"{model_path}: the tokenizer defines no end-of-sequence token")
     config = json.loads((Path(model_path) / "config.json").read_text())
     context = int(config.get("max_position_embeddings") or 2048)
+    vocab = max(len(tokenizer), int(config.get("vocab_size") or 0))
     pad = tokenizer.pad_token_id
-    return ChatTokenizer(tokenizer, eos, pad if pad is not None else min(eos), context)
+    return ChatTokenizer(tokenizer, eos, pad if pad is not None else min(eos), context, vocab)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from art_core.device import choose_device, serving_dtype
 from art_core.engines.base import (
     AdapterInfo,
     AdapterRegistry,
@@ -27,11 +28,12 @@ from art_core.engines.base import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
+    ServesAdapters,
 )
 from art_core.engines.lora import LoraServer, UnsupportedAdapter
 from art_core.engines.packed import pack_linears, packing_supported
 from art_core.engines.sampling import RowSampling, sample_next_tokens
-from art_core.engines.tokenizer import load_chat_tokenizer
+from art_core.engines.tokenizer import ChatTokenizer, load_chat_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -60,36 +62,13 @@ class _Row:
     stop_string: str | None = None
 
 
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AMX or AVX512-BF16), per /proc/cpuinfo."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def default_dtype(device: str) -> torch.dtype:
-    """bf16 where the hardware does it natively, else fp32.
-
-    Decoding is memory-bound: bf16 halves the bytes read per token. On a 2-core Xeon with AMX,
-    smollm2-135m decodes 5-10x faster in bf16 than in fp32.
-    """
-    if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-
-
-class TransformersEngine:
+class TransformersEngine(ServesAdapters):
     """In-process engine over a local Hugging Face model folder (CPU or CUDA).
 
     ``batch_window``: seconds an idle engine waits, while requests keep arriving, before it
     starts a batch (so a burst of rollouts shares one prefill). ``worker``: the single thread
     to run torch work on (LocalBackend shares one with the trainer); by default its own.
+    ``chat``: the model's tokenizer when the caller loaded it already (else loaded here).
 
     Example:
         >>> engine = TransformersEngine(Path(".art/base_models/tiny-random"))  # doctest: +SKIP
@@ -107,12 +86,14 @@ class TransformersEngine:
         max_loaded_adapters: int = 4,
         batch_window: float = 0.005,
         worker: ThreadPoolExecutor | None = None,
+        chat: ChatTokenizer | None = None,
     ) -> None:
         self.model_path = Path(model_path)
+        self._chat = chat
         self.batch_window = batch_window
-        self.device = device or default_device()
+        self.device = str(choose_device(device))
         resolved = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        self.dtype: torch.dtype = resolved or default_dtype(self.device)
+        self.dtype: torch.dtype = resolved or serving_dtype(self.device)
         self.max_batch_size = max_batch_size
         self.tokenizer: Any = None
         self.context_length = 0
@@ -145,7 +126,7 @@ class TransformersEngine:
         """Load tokenizer and weights (blocking; ``start`` runs it in a thread)."""
         from transformers import AutoModelForCausalLM
 
-        chat = load_chat_tokenizer(self.model_path)
+        chat = self._chat or load_chat_tokenizer(self.model_path)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
         model.to(self.device)  # type: ignore[arg-type]
         model.eval()
@@ -200,18 +181,6 @@ class TransformersEngine:
     @property
     def eos_token_ids(self) -> set[int]:
         return set(self._eos_ids)
-
-    @property
-    def current_adapter(self) -> AdapterInfo | None:
-        return self._adapters.current
-
-    def adapters(self) -> list[AdapterInfo]:
-        """The adapters loaded now, oldest first."""
-        return self._adapters.all()
-
-    def adapter(self, step: int) -> AdapterInfo | None:
-        """The loaded adapter of ``step`` (step 0 is the base model), or None."""
-        return self._adapters.by_step(step)
 
     # ----------------------------------------------------------------------------- requests
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:

@@ -31,6 +31,7 @@ from art_core.engines.base import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
+    ServesAdapters,
 )
 from art_core.engines.tokenizer import load_chat_tokenizer
 from art_core.engines.vllm_runtime import has_cuda, runtime_python
@@ -51,7 +52,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-class VLLMEngine:
+class VLLMEngine(ServesAdapters):
     """vLLM behind the gateway, as a managed subprocess.
 
     Example:
@@ -227,16 +228,6 @@ class VLLMEngine:
     def eos_token_ids(self) -> set[int]:
         return set(self._eos_ids)
 
-    @property
-    def current_adapter(self) -> AdapterInfo | None:
-        return self._adapters.current
-
-    def adapters(self) -> list[AdapterInfo]:
-        return self._adapters.all()
-
-    def adapter(self, step: int) -> AdapterInfo | None:
-        return self._adapters.by_step(step)
-
     async def load_adapter(self, path: Path, step: int, *, name: str | None = None) -> None:
         """Load an adapter folder into vLLM (each step has its own folder: reloading one
         folder in place would serve stale prefix-cache entries) and serve it by default."""
@@ -251,7 +242,8 @@ class VLLMEngine:
             await self._post("/v1/unload_lora_adapter", {"lora_name": evicted.name})
 
     async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        assert self._client is not None, "the engine is not started"
+        if self._client is None:
+            raise EngineError("the engine is not started")
         response = await self._client.post(path, json=body)
         if response.status_code >= 400:
             raise EngineError(f"vLLM {path} answered {response.status_code}: {response.text[:500]}")

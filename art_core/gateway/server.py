@@ -97,9 +97,6 @@ class GatewayServer:
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
         return await asyncio.wrap_future(future)
 
-    def call_sync(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
     def stop(self, timeout: float = 10.0) -> None:
         if self._server is not None:
             self._server.should_exit = True

@@ -21,7 +21,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from art_core.gateway.app import ROLLOUT_ID
-from art_core.server.errors import error_body, validation_body
+from art_core.gateway.errors import error_body, json_response
+from art_core.server.errors import validation_body
 from art_core.server.jobs import Job
 from art_core.server.schemas import (
     DeleteCheckpointsRequest,
@@ -38,11 +39,6 @@ logger = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
 NDJSON = "application/x-ndjson"
 MODEL = "/api/models/{project}/{name}"
-
-
-def json_response(data: Any, status: int = 200) -> Response:
-    # json.dumps rather than JSONResponse: a recorded logprob of -inf must not become a 500.
-    return Response(json.dumps(data), status_code=status, media_type="application/json")
 
 
 class BadRequest(Exception):
@@ -93,7 +89,7 @@ async def _json_body(request: Request) -> dict[str, Any]:
 
 def _rollout_id(request: Request) -> str:
     rollout_id = str(request.path_params["rollout_id"])
-    if not ROLLOUT_ID.match(rollout_id):
+    if not ROLLOUT_ID.fullmatch(rollout_id):
         raise FieldError(
             "path.rollout_id", "rollout ids are 1-128 letters, digits, '_', '-', '.' or ':'"
         )
@@ -158,23 +154,25 @@ class ServiceAPI:
     async def register(self, request: Request) -> Response:
         body = RegisterRequest.model_validate(await _json_body(request))
         model = await self.service.register(body)
-        step = await self.service.backend._get_step(model)
+        step = await self.service.backend.get_step(model)
         return json_response(self.service.model_info(model, step))
 
     async def get_model(self, request: Request) -> Response:
         model = await self._model(request)
-        step = await self.service.backend._get_step(model)
+        step = await self.service.backend.get_step(model)
         return json_response(self.service.model_info(model, step))
 
     async def step(self, request: Request) -> Response:
         model = await self._model(request)
-        return json_response({"step": await self.service.backend._get_step(model)})
+        return json_response({"step": await self.service.backend.get_step(model)})
 
     async def log(self, request: Request) -> Response:
         body = LogRequest.model_validate(await _json_body(request))
         model = await self._model(request)
         groups = to_groups(body.groups)
-        await self.service.backend._log(model, groups, body.split)
+        await self.service.backend.log(
+            model, groups, split=body.split, metrics=body.metrics, step=body.step
+        )
         return json_response({"logged": sum(len(g.trajectories) for g in groups)})
 
     async def delete_checkpoints(self, request: Request) -> Response:
@@ -186,13 +184,13 @@ class ServiceAPI:
     async def calls(self, request: Request) -> Response:
         rollout_id = _rollout_id(request)
         model = await self._model(request)
-        calls = await self.service.backend._rollout_calls(model, rollout_id, release=False)
+        calls = await self.service.backend.rollout_calls(model, rollout_id, release=False)
         return json_response(_calls_json(calls))
 
     async def release(self, request: Request) -> Response:
         rollout_id = _rollout_id(request)
         model = await self._model(request)
-        calls = await self.service.backend._rollout_calls(model, rollout_id, release=True)
+        calls = await self.service.backend.rollout_calls(model, rollout_id, release=True)
         if not calls:
             # Released already (a retried request) or served before a restart: the calls
             # are on disk, written as they completed.

@@ -6,7 +6,7 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from art_core.server.errors import error_body, send_json
+from art_core.gateway.errors import error_body, send_json
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:

@@ -195,7 +195,7 @@ class JobStore:
         return [job for job in self._jobs.values() if not job.done]
 
     def create(self, job_id: str, *, project: str, model: str) -> Job:
-        if not JOB_ID.match(job_id):
+        if not JOB_ID.fullmatch(job_id):
             raise ValueError("job ids are 1-80 letters, digits, '_' or '-'")
         job = Job(job_id, project=project, model=model)
         self._jobs[job_id] = job

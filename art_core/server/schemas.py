@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from art_core.model import check_name
+from art_core.names import check_name
 from art_core.server.jobs import JOB_ID
 from art_core.training.config import TrainConfig
 from art_core.trajectories import RolloutException, Trajectory, TrajectoryGroup
@@ -99,8 +99,10 @@ class LogRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    groups: list[GroupPayload]
+    groups: list[GroupPayload] = Field(default_factory=list)
     split: str = "val"
+    metrics: dict[str, float | None] | None = Field(default=None, max_length=1024)
+    step: int | None = Field(default=None, ge=0, le=10**9)
 
     @field_validator("split")
     @classmethod

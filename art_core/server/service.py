@@ -14,9 +14,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from art_core.backends.local import LocalBackend, latest_checkpoint
+from art_core.backends.local import LocalBackend
 from art_core.embedded import EMBEDDED_MODELS
-from art_core.model import TrainableModel, check_name
+from art_core.model import TrainableModel
+from art_core.model_folder import ModelFolder
+from art_core.names import check_name
 from art_core.server.jobs import Job, JobStore
 from art_core.server.registry import ModelRecord, ModelRegistry
 from art_core.server.schemas import (
@@ -147,11 +149,8 @@ class Service:
             await self.model(record.project, record.name)
 
     def vocab_size(self, model: TrainableModel) -> int:
-        engine = self.backend.engine(model)
         # The embedding may be larger than the tokenizer (padded vocabularies): allow both.
-        weights = getattr(engine, "model", None)
-        configured = getattr(getattr(weights, "config", None), "vocab_size", 0) or 0
-        return max(len(engine.tokenizer), int(configured))
+        return self.backend.served(model).chat.vocab_size
 
     def model_info(self, model: TrainableModel, step: int) -> dict[str, Any]:
         return {
@@ -193,9 +192,9 @@ class Service:
 
         try:
             async with self.lock(model):
-                job.start(await self.backend._get_step(model))
+                job.start(await self.backend.get_step(model))
                 self.jobs.save(job)
-                result = await self.backend._train(
+                result = await self.backend.train(
                     model, groups, request.config, on_progress=on_progress
                 )
             job.succeed(result.model_dump(mode="json"))
@@ -214,8 +213,7 @@ class Service:
         the result is read back from it) or did not (interrupted: the model is still at its
         previous step, as checkpoints are renamed into place only once complete)."""
         for job in self.jobs.unfinished():
-            folder = self.path / job.project / "models" / job.model
-            latest = latest_checkpoint(folder)
+            latest = ModelFolder.of(self.path, job.project, job.model).latest_checkpoint()
             if (
                 job.start_step is not None
                 and latest is not None
@@ -243,7 +241,7 @@ class Service:
 
     async def delete_checkpoints(self, model: TrainableModel, metric: str) -> list[int]:
         async with self.lock(model):
-            return await self.backend._delete_checkpoints(model, metric)
+            return await self.backend.delete_checkpoints(model, metric)
 
     async def drain(self) -> int:
         """Wait for the training jobs in progress (a step is never abandoned half-way on a

@@ -4,7 +4,8 @@
 The modules each hold one idea: ``sequences`` (token-exact assembly), ``advantages``
 (group-relative credit), ``loss`` (PPO/CISPO objective), ``packing`` (micro-batches),
 ``checkpoints`` (pickle-free save/resume), ``loading`` (peft / Unsloth), ``batch`` (groups to
-rollouts) and ``storage`` (atomic files).
+rollouts) and ``step_stats`` (a step's metrics and progress). The model folder's layout
+belongs to ``art_core.model_folder``.
 
 Example:
     >>> from art_core.training import Trainer, TrainConfig

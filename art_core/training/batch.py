@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from art_core.training.advantages import group_advantages, rollout_token_weight
 from art_core.training.packing import TrainingExample
 from art_core.training.sequences import TokenSequence, assemble_sequences
-from art_core.trajectories import TrajectoryGroup
+from art_core.trajectories import TrajectoryGroup, require_finished
 
 
 @dataclass
@@ -66,14 +66,7 @@ def prepare_batch(
         >>> [r.advantage for r in batch.rollouts]
         [0.5, -0.5]
     """
-    for index, group in enumerate(groups):
-        if not isinstance(group, TrajectoryGroup):
-            raise TypeError(f"groups[{index}] is a {type(group).__name__}, not a TrajectoryGroup")
-        if group.pending:
-            raise ValueError(
-                f"groups[{index}] has {group.pending} rollouts that have not run; "
-                "await the group (or use gather_trajectory_groups) before training"
-            )
+    require_finished(groups)
     rollouts: list[Rollout] = []
     rewards: list[float] = []
     skipped = without_calls = breaks = sequences = 0
@@ -149,3 +142,36 @@ def to_examples(rollouts: Sequence[Rollout]) -> list[TrainingExample]:
         weight = rollout_token_weight(rollout.num_trainable_tokens, len(rollouts))
         examples += [TrainingExample(seq, rollout.advantage, weight) for seq in rollout.sequences]
     return examples
+
+
+def nothing_trained_reason(metrics: dict[str, float]) -> str:
+    """Why a step's ``prepare_batch`` metrics leave no token to train on, naming the metrics.
+
+    Example:
+        >>> nothing_trained_reason({"train/num_groups": 2.0, "train/groups_skipped": 2.0,
+        ...                         "train/num_trajectories": 8.0})
+        'all 2 groups had equal rewards, so no advantage (train/groups_skipped=2)'
+    """
+    groups = int(metrics.get("train/num_groups", 0))
+    skipped = int(metrics.get("train/groups_skipped", 0))
+    trajectories = int(metrics.get("train/num_trajectories", 0))
+    without_calls = int(metrics.get("train/trajectories_without_calls", 0))
+    if trajectories == 0:
+        exceptions = int(metrics.get("train/num_exceptions", 0))
+        return f"the groups hold no trajectories (train/num_exceptions={exceptions})"
+    if skipped == groups:
+        return (
+            f"all {groups} groups had equal rewards, so no advantage "
+            f"(train/groups_skipped={skipped})"
+        )
+    reasons = []
+    if skipped:
+        reasons.append(f"{skipped} of {groups} groups had equal rewards (train/groups_skipped)")
+    if without_calls:
+        reasons.append(
+            f"{without_calls} trajectories match no recorded call "
+            f"(train/trajectories_without_calls={without_calls}): were their completions "
+            "served by this model's gateway, and are their choices in messages_and_choices?"
+        )
+    reasons.append("no completion tokens to train on (train/num_trainable_tokens=0)")
+    return "; ".join(reasons)

@@ -25,33 +25,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from art_core.training.storage import atomic_write_text
+from art_core.files import atomic_write_text
+from art_core.model_folder import OPTIMIZER_STATE_FILE, TRAINER_STATE_FILE, ModelFolder
 
-OPTIMIZER_FILE = "optimizer.safetensors"
-STATE_FILE = "trainer_state.json"
 FORMAT_VERSION = 1
-
-
-def checkpoint_dir(model_dir: Path, step: int) -> Path:
-    """``model_dir/checkpoints/{step:04d}``.
-
-    Example:
-        >>> checkpoint_dir(Path("m"), 3).as_posix()
-        'm/checkpoints/0003'
-    """
-    return model_dir / "checkpoints" / f"{step:04d}"
-
-
-def list_checkpoint_steps(model_dir: Path) -> list[int]:
-    """Steps with a complete checkpoint, ascending (temporary folders start with a dot)."""
-    root = model_dir / "checkpoints"
-    if not root.is_dir():
-        return []
-    return sorted(
-        int(entry.name)
-        for entry in root.iterdir()
-        if entry.is_dir() and entry.name.isdigit() and (entry / STATE_FILE).is_file()
-    )
 
 
 def optimizer_state_to_safetensors(
@@ -101,7 +78,7 @@ def optimizer_state_from_safetensors(
 
 
 def save_checkpoint(
-    model_dir: Path,
+    folder: ModelFolder,
     step: int,
     *,
     save_adapter: Callable[[Path], None],
@@ -113,18 +90,21 @@ def save_checkpoint(
 
     ``save_adapter(folder)`` writes the PEFT adapter (``model.save_pretrained``).
 
+    An existing checkpoint is never overwritten (``FileExistsError``); an incomplete folder
+    with this step's name is set aside first (``ModelFolder.set_aside_incomplete``).
+
     Example:
-        >>> save_checkpoint(Path("m"), 1, save_adapter=model.save_pretrained,
+        >>> save_checkpoint(ModelFolder(Path("m")), 1, save_adapter=model.save_pretrained,
         ...                 optimizer=opt, param_names=names, extra_state={})  # doctest: +SKIP
         PosixPath('m/checkpoints/0001')
     """
-    target = checkpoint_dir(model_dir, step)
+    target = folder.checkpoint(step)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{step:04d}-", dir=target.parent))
     try:
         save_adapter(staging)
         tensors, meta = optimizer_state_to_safetensors(optimizer)
-        save_file(tensors, str(staging / OPTIMIZER_FILE), metadata={"format": "pt"})
+        save_file(tensors, str(staging / OPTIMIZER_STATE_FILE), metadata={"format": "pt"})
         state = {
             "format_version": FORMAT_VERSION,
             "step": step,
@@ -132,10 +112,13 @@ def save_checkpoint(
             "optimizer": meta,
             **extra_state,
         }
-        atomic_write_text(staging / STATE_FILE, json.dumps(state, indent=2, allow_nan=False))
+        atomic_write_text(
+            staging / TRAINER_STATE_FILE, json.dumps(state, indent=2, allow_nan=False)
+        )
+        if target.exists() and not folder.is_complete(target):
+            folder.set_aside_incomplete()
         if target.exists():
-            # Re-training a step after a crash: the old folder is replaced, never merged.
-            shutil.rmtree(target)
+            raise FileExistsError(f"{target} exists already; checkpoints are never overwritten")
         staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -144,7 +127,7 @@ def save_checkpoint(
 
 def read_trainer_state(folder: Path) -> dict[str, Any]:
     """The ``trainer_state.json`` of a checkpoint folder."""
-    state: dict[str, Any] = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+    state: dict[str, Any] = json.loads((folder / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
     if state.get("format_version") != FORMAT_VERSION:
         raise ValueError(
             f"{folder} has checkpoint format {state.get('format_version')!r}; this version of "
@@ -168,7 +151,7 @@ def load_optimizer_state(
             f"({len(state['param_names'])} saved, {len(param_names)} now); was the LoRA "
             "configuration changed?"
         )
-    tensors = load_file(str(folder / OPTIMIZER_FILE))
+    tensors = load_file(str(folder / OPTIMIZER_STATE_FILE))
     optimizer.load_state_dict(optimizer_state_from_safetensors(tensors, state["optimizer"]))
     return state
 

@@ -138,7 +138,9 @@ class TrainResult(BaseModel):
     """What one ``train`` call produced: the new step, its metrics and its checkpoint folder.
 
     ``checkpoint_path`` is a standard PEFT adapter folder (loadable with
-    ``PeftModel.from_pretrained``), plus the optimizer state and trainer state.
+    ``PeftModel.from_pretrained``), plus the optimizer state and trainer state. When the
+    groups held nothing to train on, ``nothing_trained`` says why, ``step`` is unchanged and
+    ``checkpoint_path`` is the current checkpoint (None for the base model).
 
     Example:
         >>> result = TrainResult(step=1, metrics={"train/loss": 0.1}, checkpoint_path="/m/0001")
@@ -150,4 +152,5 @@ class TrainResult(BaseModel):
 
     step: int = Field(ge=0)
     metrics: dict[str, float] = Field(default_factory=dict)
-    checkpoint_path: str
+    checkpoint_path: str | None
+    nothing_trained: str | None = None

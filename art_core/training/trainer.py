@@ -18,18 +18,22 @@ import math
 import shutil
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
-from art_core.training.batch import prepare_batch, split_rollouts, to_examples
+from art_core.device import autocast_dtype, choose_device
+from art_core.model_folder import ModelFolder
+from art_core.training.batch import (
+    PreparedBatch,
+    nothing_trained_reason,
+    prepare_batch,
+    split_rollouts,
+    to_examples,
+)
 from art_core.training.checkpoints import (
-    checkpoint_dir,
-    list_checkpoint_steps,
     load_optimizer_state,
     save_checkpoint,
     steps_to_delete,
@@ -37,19 +41,15 @@ from art_core.training.checkpoints import (
 from art_core.training.config import TrainConfig, TrainResult
 from art_core.training.loading import (
     adapter_settings,
-    autocast_dtype,
     base_weights_dtype,
-    choose_device,
     load_trainable_model,
 )
 from art_core.training.loss import LossOutput, grpo_loss, token_logprobs
 from art_core.training.packing import MicroBatch, make_micro_batches
-from art_core.training.storage import append_jsonl, read_jsonl, write_trajectory_groups
+from art_core.training.step_stats import ALWAYS_REPORTED, ProgressCallback, StepStats
 from art_core.trajectories import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
-
-ProgressCallback = Callable[[dict[str, Any]], None]
 
 
 class Trainer:
@@ -67,7 +67,7 @@ class Trainer:
     """
 
     def __init__(
-        self, base_model_path: Path, model_dir: Path, *, device: str | None = None
+        self, base_model_path: Path, model_dir: Path | ModelFolder, *, device: str | None = None
     ) -> None:
         self.base_model_path = Path(base_model_path)
         if not (self.base_model_path / "config.json").is_file():
@@ -75,7 +75,8 @@ class Trainer:
                 f"{self.base_model_path} is not a Hugging Face model folder (no config.json); "
                 "resolve embedded names with art_core.embedded.resolve_base_model"
             )
-        self.model_dir = Path(model_dir)
+        self.folder = model_dir if isinstance(model_dir, ModelFolder) else ModelFolder(model_dir)
+        self.model_dir = self.folder.root
         self.device = choose_device(device)
         self._lock = threading.Lock()
         self._model: Any = None
@@ -87,20 +88,18 @@ class Trainer:
     # ------------------------------------------------------------------ public API
 
     def latest_step(self) -> int:
-        """The step of the newest checkpoint in ``model_dir`` (0 when there is none).
+        """The step of the newest complete checkpoint in ``model_dir`` (0 when there is none).
 
         Example:
             >>> Trainer(base, Path("/tmp/new-model")).latest_step()  # doctest: +SKIP
             0
         """
-        steps = list_checkpoint_steps(self.model_dir)
-        return steps[-1] if steps else 0
+        return self.folder.latest_step()
 
     def checkpoint_path(self, step: int | None = None) -> Path | None:
-        """The folder of checkpoint ``step`` (default: latest), None when it does not exist."""
+        """The folder of checkpoint ``step`` (default: latest), None when it is not complete."""
         step = self.latest_step() if step is None else step
-        folder = checkpoint_dir(self.model_dir, step)
-        return folder if step in list_checkpoint_steps(self.model_dir) else None
+        return self.folder.checkpoint(step) if step in self.folder.checkpoint_steps() else None
 
     @property
     def model(self) -> Any:
@@ -139,6 +138,10 @@ class Trainer:
         advantages, runs ``config.num_epochs * config.optimizer_steps_per_epoch`` optimizer
         steps (gradients accumulated over micro-batches), then saves the checkpoint, appends
         metrics to ``history.jsonl`` and the groups to ``trajectories/train/{step:04d}.jsonl``.
+        When the groups hold no token to train on (all rewards equal in every group, no
+        recorded calls), nothing changes: a warning names the reason, the history records it
+        (``train/trained`` 0) and no checkpoint is written; ``result.step`` stays the current
+        step and ``result.nothing_trained`` holds the reason.
         ``on_progress`` is called (in this thread) after every micro-batch and optimizer step
         with a JSON-serializable dict.
 
@@ -179,15 +182,14 @@ class Trainer:
         if higher_is_better is None:
             higher_is_better = "loss" not in best_checkpoint_metric
         with self._lock:
-            history = read_jsonl(self.model_dir / "history.jsonl")
             doomed = steps_to_delete(
-                list_checkpoint_steps(self.model_dir),
-                history,
+                self.folder.checkpoint_steps(),
+                self.folder.read_history(),
                 best_checkpoint_metric,
                 higher_is_better=higher_is_better,
             )
             for step in doomed:
-                folder = checkpoint_dir(self.model_dir, step)
+                folder = self.folder.checkpoint(step)
                 # Rename first so a half-deleted folder never looks like a checkpoint.
                 trash = folder.with_name(f".deleting-{folder.name}")
                 shutil.rmtree(trash, ignore_errors=True)  # left over by an interrupted delete
@@ -213,7 +215,7 @@ class Trainer:
         if self._model is None or self._loaded_step != latest or self._base_dtype != dtype:
             # First use, another process trained this model since, or a precision that
             # needs the base weights in another dtype: load from disk.
-            adapter = checkpoint_dir(self.model_dir, latest) if latest > 0 else None
+            adapter = self.folder.checkpoint(latest) if latest > 0 else None
             model = load_trainable_model(
                 self.base_model_path, config, self.device, adapter_path=adapter
             )
@@ -277,21 +279,12 @@ class Trainer:
         finally:
             self._model.train(was_training)
 
-    def _train_step(
-        self,
-        groups: list[TrajectoryGroup],
-        config: TrainConfig,
-        on_progress: ProgressCallback | None,
-    ) -> TrainResult:
-        started = time.perf_counter()
-        self._ensure_loaded(config)
-        model, optimizer = self._model, self._optimizer
-        assert optimizer is not None
-        step = self._loaded_step
-        new_step = step + 1
-
+    def _plan(
+        self, groups: list[TrajectoryGroup], config: TrainConfig
+    ) -> tuple[PreparedBatch, list[list[MicroBatch]]]:
+        """The step's rollouts, and their micro-batches grouped by optimizer update."""
         prepared = prepare_batch(groups, scale_rewards=config.scale_rewards)
-        attn = getattr(model.config, "_attn_implementation", None)
+        attn = getattr(self._model.config, "_attn_implementation", None)
         plan = [
             make_micro_batches(
                 to_examples(chunk),
@@ -302,100 +295,98 @@ class Trainer:
             )
             for chunk in split_rollouts(prepared.rollouts, config.optimizer_steps_per_epoch)
         ]
-        plan = [micro_batches for micro_batches in plan if micro_batches]
+        return prepared, [micro_batches for micro_batches in plan if micro_batches]
+
+    def _train_step(
+        self,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        on_progress: ProgressCallback | None,
+    ) -> TrainResult:
+        started = time.perf_counter()
+        self._ensure_loaded(config)
+        model, optimizer = self._model, self._optimizer
+        assert optimizer is not None
+        step, new_step = self._loaded_step, self._loaded_step + 1
+        prepared, plan = self._plan(groups, config)
+        if not plan:
+            return self._nothing_trained(step, groups, prepared.metrics)
         for group in optimizer.param_groups:
             group.update(
                 lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
             )
         params = [p for group in optimizer.param_groups for p in group["params"]]
-
-        sums: defaultdict[str, float] = defaultdict(float)
-        grad_norms: list[float] = []
-        skipped_updates = 0
-        total = config.num_epochs * sum(len(micro_batches) for micro_batches in plan)
-        bar = tqdm(total=total, desc=f"train step {new_step}", unit="batch", leave=False)
+        stats = StepStats(
+            step=new_step,
+            num_micro_batches=config.num_epochs * sum(len(mbs) for mbs in plan),
+            on_progress=on_progress,
+            started=started,
+        )
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             # Dropout is reproducible per step without disturbing anyone else's RNG.
             torch.manual_seed(config.seed + new_step)
             old_logprobs = self._old_logprobs(plan, config)
             model.train()
-            done = 0
             for epoch in range(config.num_epochs):
-                for index, micro_batches in enumerate(plan):
+                for update, micro_batches in enumerate(plan):
                     optimizer.zero_grad(set_to_none=True)
                     for position, batch in enumerate(micro_batches):
-                        out = self._micro_batch_loss(
-                            batch, config, old_logprobs.get((index, position))
-                        )
+                        old = old_logprobs.get((update, position))
+                        out = self._micro_batch_loss(batch, config, old)
                         out.loss.backward()
-                        for name, value in out.metrics.items():
-                            sums[name] += value
-                        done += 1
-                        bar.update(1)
-                        bar.set_postfix(loss=f"{out.metrics['loss']:.4f}")
-                        if on_progress is not None:
-                            on_progress(
-                                {
-                                    "event": "micro_batch",
-                                    "step": new_step,
-                                    "epoch": epoch,
-                                    "optimizer_step": index,
-                                    "micro_batch": done,
-                                    "num_micro_batches": total,
-                                    "loss": out.metrics["loss"],
-                                    "tokens": batch.num_trainable_tokens,
-                                }
-                            )
+                        stats.micro_batch(
+                            out.metrics,
+                            tokens=batch.num_trainable_tokens,
+                            epoch=epoch,
+                            update=update,
+                        )
                     norm = float(
                         torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm or math.inf)
                     )
                     if math.isfinite(norm):
                         optimizer.step()
-                        grad_norms.append(norm)
-                    else:
-                        # One bad batch must not poison the adapter with NaNs.
-                        skipped_updates += 1
-                        logger.warning(
-                            "non-finite gradient norm at step %d; update skipped", new_step
-                        )
                     optimizer.zero_grad(set_to_none=True)
-                    if on_progress is not None:
-                        on_progress(
-                            {
-                                "event": "optimizer_step",
-                                "step": new_step,
-                                "epoch": epoch,
-                                "optimizer_step": index,
-                                "grad_norm": norm,
-                            }
-                        )
-        bar.close()
-        model.eval()
-
-        updates = config.num_epochs * len(plan)
-        metrics = dict(prepared.metrics)
-        for name, value in sums.items():
-            # Each optimizer step's weights sum to 1: divide by the number of steps for a mean.
-            metrics[f"train/{name}"] = value / updates
-        for name in ("loss", "policy_loss", "entropy", "clip_fraction", "logprob_mismatch"):
-            # Same keys every step (plots, best-checkpoint lookups), even with nothing to train.
-            metrics.setdefault(f"train/{name}", 0.0)
-        seconds = time.perf_counter() - started
-        metrics.update(
-            {
-                "train/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else 0.0,
-                "train/optimizer_steps": float(len(grad_norms)),
-                "train/skipped_updates": float(skipped_updates),
-                "train/num_micro_batches": float(total),
-                "train/learning_rate": config.learning_rate,
-                "train/seconds": seconds,
-                "train/tokens_per_second": sum(b.num_tokens for mbs in plan for b in mbs)
-                * config.num_epochs
-                / max(seconds, 1e-9),
-            }
-        )
+                    stats.optimizer_step(norm, epoch=epoch, update=update)
+            model.eval()
+        stats.close()
+        metrics = {
+            **prepared.metrics,
+            **stats.metrics(
+                updates=config.num_epochs * len(plan),
+                tokens_run=config.num_epochs * sum(b.num_tokens for mbs in plan for b in mbs),
+                learning_rate=config.learning_rate,
+            ),
+        }
         return self._save(step, new_step, groups, config, metrics)
+
+    def _nothing_trained(
+        self, step: int, groups: list[TrajectoryGroup], metrics: dict[str, float]
+    ) -> TrainResult:
+        """A step with no trainable token: say why, log it, and write no checkpoint (the
+        adapter did not change, so step ``step`` stays the one served)."""
+        reason = nothing_trained_reason(metrics)
+        logger.warning(
+            "train step %d trained on nothing: %s; no checkpoint written, the model stays at "
+            "step %d",
+            step + 1,
+            reason,
+            step,
+        )
+        metrics = {
+            **metrics,
+            **{f"train/{name}": 0.0 for name in ALWAYS_REPORTED},
+            "train/optimizer_steps": 0.0,
+            "train/trained": 0.0,
+        }
+        self._record(step, groups, metrics, checkpoint_step=None)
+        latest = self.folder.latest_checkpoint()
+        return TrainResult(
+            step=step,
+            metrics=metrics,
+            checkpoint_path=str(latest[1]) if latest else None,
+            nothing_trained=reason,
+        )
 
     def _micro_batch_loss(
         self, batch: MicroBatch, config: TrainConfig, old_logprobs: torch.Tensor | None
@@ -456,11 +447,9 @@ class Trainer:
         metrics: dict[str, float],
     ) -> TrainResult:
         assert self._optimizer is not None
-        write_trajectory_groups(
-            self.model_dir / "trajectories" / "train" / f"{step:04d}.jsonl", groups
-        )
+        metrics = {**metrics, "train/trained": 1.0}
         folder = save_checkpoint(
-            self.model_dir,
+            self.folder,
             new_step,
             save_adapter=lambda path: self._model.save_pretrained(path, safe_serialization=True),
             optimizer=self._optimizer,
@@ -472,13 +461,28 @@ class Trainer:
             },
         )
         self._loaded_step = new_step
-        record = {
-            "step": step,
-            "split": "train",
-            "time": time.time(),
-            "checkpoint_step": new_step,
-            # NaN/inf (a diverged step) become null: history.jsonl stays strict JSON.
-            **{name: (value if math.isfinite(value) else None) for name, value in metrics.items()},
-        }
-        append_jsonl(self.model_dir / "history.jsonl", [record])
+        self._record(step, groups, metrics, checkpoint_step=new_step)
         return TrainResult(step=new_step, metrics=metrics, checkpoint_path=str(folder))
+
+    def _record(
+        self,
+        step: int,
+        groups: list[TrajectoryGroup],
+        metrics: dict[str, float],
+        *,
+        checkpoint_step: int | None,
+    ) -> None:
+        """The step's groups under ``trajectories/train/{step:04d}.jsonl`` and its metrics
+        in ``history.jsonl`` (both under the step that sampled the rollouts)."""
+        # Appended: a step that trained nothing and the next one both sampled with step ``step``.
+        self.folder.append_trajectories("train", step, (g.model_dump_json() for g in groups))
+        self.folder.append_history(
+            {
+                "step": step,
+                "split": "train",
+                "time": time.time(),
+                "checkpoint_step": checkpoint_step,
+                # NaN/inf (a diverged step) become null: history.jsonl stays strict JSON.
+                **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()},
+            }
+        )

@@ -114,7 +114,17 @@ async def test_complete_task_ends_the_run_with_its_answer(
         mcp_model,
         "Say anything, then finish.",
         FAULTY_STDIO,
-        settings=forced("lookup", complete_task=True, max_turns=1, max_answer_chars=10, tools=[]),
+        # 256 tokens always hold the forced call: its answer is at most 10 characters, and
+        # even 10 \uXXXX escapes plus the JSON around them stay under ~150 tokens of
+        # tiny-random's byte-level vocabulary (48 cut it now and then: a flaky test).
+        settings=forced(
+            "lookup",
+            complete_task=True,
+            max_turns=1,
+            max_answer_chars=10,
+            max_tokens=256,
+            tools=[],
+        ),
     )
     [call] = trajectory.calls
     [tool_call] = call.response_message["tool_calls"]

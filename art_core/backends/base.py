@@ -1,0 +1,158 @@
+"""The backend contract: what a ``TrainableModel`` (and the HTTP service) asks of a backend.
+
+``Backend`` is the public protocol. ``LocalBackend`` (engines and trainer on this machine) and
+``RemoteBackend`` (the same calls over HTTP to ``art-core serve``) implement it, and so can a
+user's own backend. ``BackendBase`` gives an implementation the parts every backend shares:
+ART's keyword style for training settings (``backend.train(model, groups,
+learning_rate=1e-5)``) and the private spellings ART's ``TrainableModel`` used
+(``_train``, ``_get_step``, ``_log``, ...), kept as thin shims for code written against them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from art_core.trajectories import LLMCall, TrajectoryGroup
+
+if TYPE_CHECKING:
+    from art_core.model import TrainableModel
+    from art_core.training.config import TrainConfig, TrainResult
+
+# Called with each JSON-serializable progress record of a training step (micro-batches,
+# optimizer steps), in whatever thread produces it: it must be quick and thread-safe.
+ProgressCallback = Callable[[dict[str, Any]], None]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Where a model is served and trained.
+
+    Every method takes the model it acts on; a model is usable once ``register`` returned.
+    Errors: ``ValueError`` for a request that is wrong in itself (bad groups, a config that
+    contradicts the model's adapter, an unknown model), ``RuntimeError`` for a backend that
+    cannot do it now (closed, the model not registered); remote backends raise subclasses of
+    both (``art_core.backends.remote.RemoteError``).
+    """
+
+    async def register(self, model: TrainableModel) -> None:
+        """Load ``model`` (resuming from its latest complete checkpoint) and serve it: sets
+        ``model.inference_base_url`` / ``inference_api_key`` / ``inference_model_name``."""
+        ...
+
+    async def train(
+        self,
+        model: TrainableModel,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | None = None,
+        *,
+        on_progress: ProgressCallback | None = None,
+        **overrides: Any,
+    ) -> TrainResult:
+        """One training step on finished groups. ``overrides`` are ``TrainConfig`` fields in
+        ART's keyword style (``learning_rate=1e-5``). When this returns, the new adapter is
+        the one served by default and its checkpoint is on disk; a step that raises leaves
+        the previous checkpoint in force."""
+        ...
+
+    async def get_step(self, model: TrainableModel) -> int:
+        """The step of the latest complete checkpoint (0: the base model)."""
+        ...
+
+    async def log(
+        self,
+        model: TrainableModel,
+        trajectory_groups: Iterable[TrajectoryGroup] | None = None,
+        *,
+        split: str = "val",
+        metrics: Mapping[str, float | None] | None = None,
+        step: int | None = None,
+    ) -> None:
+        """Append groups to ``trajectories/{split}/{step:04d}.jsonl`` and one record to
+        ``history.jsonl`` (their mean reward and ``metrics``); ``step`` defaults to the
+        latest checkpoint's."""
+        ...
+
+    async def delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str = "val/reward"
+    ) -> list[int]:
+        """Delete every checkpoint but the latest and the best by the metric; return the
+        deleted steps."""
+        ...
+
+    async def rollout_calls(
+        self, model: TrainableModel, rollout_id: str, *, release: bool = False
+    ) -> list[LLMCall]:
+        """The calls recorded for a rollout, in issue order; ``release`` forgets them in
+        memory (they stay on disk)."""
+        ...
+
+    async def close(self) -> None:
+        """Release what this backend holds (engines, connections)."""
+        ...
+
+
+class BackendBase:
+    """Shared by the backends: ART keyword settings and ART's private spellings.
+
+    Subclasses implement the ``Backend`` methods; the shims below only forward to them.
+
+    Example:
+        >>> config = BackendBase.train_config(None, {"learning_rate": 1e-5})
+        >>> config.learning_rate
+        1e-05
+    """
+
+    @staticmethod
+    def train_config(config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
+        """``config`` (default: ``TrainConfig()``) with ART-style keyword ``overrides``.
+
+        Raises ``TypeError`` naming an override that is not a ``TrainConfig`` field, and
+        ``ValueError`` (pydantic's) for a value out of its range.
+        """
+        from art_core.training.config import TrainConfig
+
+        base = TrainConfig() if config is None else config
+        if not isinstance(base, TrainConfig):
+            raise TypeError(f"config must be a TrainConfig, got {type(base).__name__}")
+        if not overrides:
+            return base
+        unknown = sorted(set(overrides) - set(TrainConfig.model_fields))
+        if unknown:
+            raise TypeError(
+                f"train() got settings that are not TrainConfig fields: {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(TrainConfig.model_fields))}"
+            )
+        return TrainConfig.model_validate({**base.model_dump(), **overrides})
+
+    # ART's private spellings: thin shims over the public methods.
+    async def _train(
+        self,
+        model: TrainableModel,
+        groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | None = None,
+        **kwargs: Any,
+    ) -> TrainResult:
+        return await self.train(model, groups, config, **kwargs)  # type: ignore[attr-defined,no-any-return]
+
+    async def _get_step(self, model: TrainableModel) -> int:
+        return await self.get_step(model)  # type: ignore[attr-defined,no-any-return]
+
+    async def _log(
+        self,
+        model: TrainableModel,
+        groups: Iterable[TrajectoryGroup] | None = None,
+        split: str = "val",
+        **kwargs: Any,
+    ) -> None:
+        await self.log(model, groups, split=split, **kwargs)  # type: ignore[attr-defined]
+
+    async def _delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str = "val/reward", *_: Any
+    ) -> list[int]:
+        return await self.delete_checkpoints(model, best_checkpoint_metric)  # type: ignore[attr-defined,no-any-return]
+
+    async def _rollout_calls(
+        self, model: TrainableModel, rollout_id: str, *, release: bool = False
+    ) -> list[LLMCall]:
+        return await self.rollout_calls(model, rollout_id, release=release)  # type: ignore[attr-defined,no-any-return]

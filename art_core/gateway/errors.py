@@ -1,0 +1,102 @@
+"""The one error body of every HTTP answer (gateway and service): OpenAI's shape.
+
+``{"error": {"message", "type", "param", "code"}}``; ``APIError`` carries it with its status.
+Messages name what was wrong and never include server paths or tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.responses import Response
+from starlette.types import Send
+
+
+def error_body(
+    message: str, *, type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """``{"error": {...}}`` as OpenAI answers errors.
+
+    Example:
+        >>> error_body("no", type="authentication_error")["error"]["message"]
+        'no'
+    """
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON response; non-finite floats (a recorded logprob of -inf) are written as
+    JSON's ``-Infinity`` rather than failing the response."""
+    return Response(
+        json.dumps(data, ensure_ascii=False),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+async def send_json(
+    send: Send, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> None:
+    """Answer from an ASGI middleware, before the app saw the request."""
+    payload = json.dumps(body).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class APIError(Exception):
+    """An error answer: its HTTP status and the body's fields.
+
+    Example:
+        >>> APIError(404, "no such model", type="not_found_error").status
+        404
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+    def response(self) -> Response:
+        return json_response(self.body(), self.status)
+
+
+def validation_message(exc: ValidationError, prefix: str = "") -> tuple[str, str | None]:
+    """A pydantic error as one message naming up to five fields, and the first field."""
+    parts = []
+    first_param = None
+    for error in exc.errors(include_url=False, include_input=False)[:5]:
+        loc = field_path(error["loc"], prefix)
+        first_param = first_param or loc or None
+        message = str(error["msg"]).removeprefix("Value error, ")
+        parts.append(f"{loc}: {message}" if loc else message)
+    return "invalid request: " + "; ".join(parts), first_param
+
+
+def field_path(loc: tuple[Any, ...] | list[Any], prefix: str = "") -> str:
+    """``("groups", 0, "reward")`` -> ``"groups.0.reward"`` (pydantic's validator names dropped).
+
+    Example:
+        >>> field_path(("groups", 0, "reward"))
+        'groups.0.reward'
+    """
+    parts = [str(p) for p in loc if not str(p).startswith("function-")]
+    return ".".join([prefix, *parts] if prefix else parts)

@@ -1,0 +1,75 @@
+"""Sampling a prepared call and recording every choice before anything is answered.
+
+Each choice becomes an ``LLMCall``: the exact prompt and sampled ids, the sampler's
+logprobs, the text and the parsed assistant message (tool calls), the finish reason and the
+adapter step that served it. The call store commits it before the response leaves, so a
+rollout that crashes keeps every call it completed.
+"""
+
+from __future__ import annotations
+
+import time
+
+from art_core.engines.base import GenerationRequest, GenerationResult, TokenCallback
+from art_core.gateway.requests import PreparedCall
+from art_core.gateway.tool_calls import parse_tool_calls
+from art_core.trajectories import LLMCall
+
+
+async def sample_and_record(
+    call: PreparedCall, on_tokens: TokenCallback | None = None
+) -> list[LLMCall]:
+    """Run ``call`` on its engine, then record one ``LLMCall`` per choice, in order.
+
+    Example:
+        >>> calls = await sample_and_record(prepared)  # doctest: +SKIP
+    """
+    started = time.time()
+    results = await call.served.engine.generate(
+        GenerationRequest(call.prompt_ids, call.params, adapter=call.adapter, on_tokens=on_tokens)
+    )
+    latency = time.time() - started
+    calls = [to_llm_call(call, result, started, latency) for result in results]
+    for recorded in calls:
+        await call.served.store.record(recorded)
+    return calls
+
+
+def to_llm_call(
+    call: PreparedCall, result: GenerationResult, started: float, latency: float
+) -> LLMCall:
+    """The record of one choice: ids, logprobs, text, the parsed message and its finish."""
+    tokenizer = call.served.tokenizer
+    text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    if result.stop_string and result.stop_string in text:
+        text = text[: text.index(result.stop_string)]
+    finish = result.finish_reason
+    if call.parses_tools:
+        names = {t["function"]["name"] for t in call.tools or []}
+        message = parse_tool_calls(text, names).message()
+        if message.get("tool_calls") and finish == "stop":
+            finish = "tool_calls"
+    else:
+        message = {"role": "assistant", "content": text}
+    return LLMCall(
+        rollout_id=call.rollout_id,
+        index=call.index,
+        choice_index=result.choice_index,
+        model=call.chat.model,
+        adapter_step=result.adapter_step,
+        messages=call.messages,
+        tools=call.tools,
+        request_params=call.request_params,
+        prompt_token_ids=call.prompt_ids,
+        completion_token_ids=result.token_ids,
+        logprobs=result.logprobs,
+        completion_text=tokenizer.decode(result.token_ids, skip_special_tokens=False),
+        response_message=message,
+        finish_reason=finish,
+        created_at=started,
+        latency_s=latency,
+        metadata={
+            **call.metadata,
+            **({"top_logprobs": result.top_logprobs} if result.top_logprobs else {}),
+        },
+    )

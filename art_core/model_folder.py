@@ -1,0 +1,185 @@
+"""``ModelFolder``: the one owner of a model's folder on disk.
+
+``{art_path}/{project}/models/{name}/`` holds ``model.json``, ``history.jsonl`` (one JSON
+record per line, append-only), ``checkpoints/{step:04d}/`` (a PEFT adapter plus optimizer
+and trainer state), ``trajectories/{split}/{step:04d}.jsonl``, ``calls.sqlite`` (the
+gateway's record) and ``logs/``. Everything that needs a path in it, or needs to know which
+checkpoint is the latest complete one, asks this class: the engine that serves the model
+and the trainer that resumes it always agree.
+
+A checkpoint is complete when its folder (named by the step, ASCII digits) holds the
+adapter's config and weights and the trainer's state; the trainer writes it under a hidden
+temporary name and renames it into place, so a crash leaves no half-written folder with a
+step's name. A folder with a step's name that is not complete (a file deleted or truncated
+by hand, a disk that filled) is never served, never resumed from and never overwritten:
+``set_aside_incomplete`` renames it out of the way and reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from art_core.files import append_line
+from art_core.trajectories import TrajectoryGroup
+
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+TRAINER_STATE_FILE = "trainer_state.json"
+OPTIMIZER_STATE_FILE = "optimizer.safetensors"
+# The files without which a checkpoint cannot be served (adapter) or resumed (state).
+CHECKPOINT_FILES = (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, TRAINER_STATE_FILE)
+_STEP_NAME = re.compile(r"[0-9]{1,9}")
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """Paths and records of one model's folder.
+
+    ``folder / "x"`` and ``os.fspath(folder)`` work as on the folder's ``Path``.
+
+    Example:
+        >>> folder = ModelFolder.of(Path(".art"), "demo", "agent-001")
+        >>> folder.checkpoint(3).as_posix()
+        '.art/demo/models/agent-001/checkpoints/0003'
+        >>> folder.latest_step()
+        0
+    """
+
+    root: Path
+
+    @classmethod
+    def of(cls, art_path: str | Path, project: str, name: str) -> ModelFolder:
+        """The folder of model ``name`` of ``project`` under ``art_path``."""
+        return cls(Path(art_path) / project / "models" / name)
+
+    def __truediv__(self, other: str) -> Path:
+        return self.root / other
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.root)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    # ------------------------------------------------------------------------------ paths
+    @property
+    def model_json(self) -> Path:
+        return self.root / "model.json"
+
+    @property
+    def history(self) -> Path:
+        return self.root / "history.jsonl"
+
+    @property
+    def calls_db(self) -> Path:
+        return self.root / "calls.sqlite"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoint(self, step: int) -> Path:
+        """``checkpoints/{step:04d}`` (whether or not it exists)."""
+        return self.checkpoints / f"{step:04d}"
+
+    def trajectories(self, split: str, step: int) -> Path:
+        """``trajectories/{split}/{step:04d}.jsonl``."""
+        return self.root / "trajectories" / split / f"{step:04d}.jsonl"
+
+    # ------------------------------------------------------------------------------ checkpoints
+    @staticmethod
+    def is_complete(checkpoint: Path) -> bool:
+        """Whether a checkpoint folder holds everything needed to serve and resume it."""
+        return all((checkpoint / name).is_file() for name in CHECKPOINT_FILES)
+
+    def _step_folders(self) -> list[tuple[int, Path]]:
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted(
+            (int(entry.name), entry)
+            for entry in self.checkpoints.iterdir()
+            if _STEP_NAME.fullmatch(entry.name) and entry.is_dir()
+        )
+
+    def checkpoint_steps(self) -> list[int]:
+        """Steps with a complete checkpoint, ascending."""
+        return [step for step, path in self._step_folders() if self.is_complete(path)]
+
+    def latest_checkpoint(self) -> tuple[int, Path] | None:
+        """The newest complete checkpoint as ``(step, folder)``, or None."""
+        complete = [(s, p) for s, p in self._step_folders() if self.is_complete(p)]
+        return complete[-1] if complete else None
+
+    def latest_step(self) -> int:
+        """The step of the newest complete checkpoint (0: the base model)."""
+        latest = self.latest_checkpoint()
+        return latest[0] if latest else 0
+
+    def incomplete_checkpoints(self) -> list[Path]:
+        """Folders named by a step that lack a checkpoint file."""
+        return [path for _, path in self._step_folders() if not self.is_complete(path)]
+
+    def set_aside_incomplete(self) -> list[tuple[Path, Path]]:
+        """Rename every incomplete checkpoint folder to ``.incomplete-{name}-{time}`` so no
+        step is served, resumed or overwritten from it; returns ``(old, new)`` pairs."""
+        moved = []
+        for path in self.incomplete_checkpoints():
+            target = path.with_name(f".incomplete-{path.name}-{time.time_ns()}")
+            path.rename(target)
+            moved.append((path, target))
+        return moved
+
+    # ------------------------------------------------------------------------------ records
+    def append_history(self, record: Mapping[str, Any]) -> None:
+        """Append one record to ``history.jsonl`` (one ``O_APPEND`` write: other writers of
+        the same history may append at the same moment)."""
+        append_line(self.history, json.dumps(dict(record), allow_nan=False))
+
+    def read_history(self) -> list[dict[str, Any]]:
+        """Every record of ``history.jsonl`` ([] when there is none).
+
+        Blank lines and lines that are not a JSON object (a write cut short by a crash, the
+        last line of a full disk) are skipped with a warning naming the line: one damaged
+        record must not hide the rest of the history.
+        """
+        if not self.history.exists():
+            return []
+        records = []
+        text = self.history.read_text(encoding="utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                logger.warning("%s:%d is not a JSON record; skipped", self.history, number)
+        return records
+
+    def read_trajectories(self, split: str, step: int) -> list[TrajectoryGroup]:
+        """The groups saved in ``trajectories/{split}/{step:04d}.jsonl`` (one per line)."""
+        lines = self.trajectories(split, step).read_text(encoding="utf-8").splitlines()
+        return [TrajectoryGroup.model_validate_json(line) for line in lines if line.strip()]
+
+    def append_trajectories(self, split: str, step: int, lines: Iterable[str]) -> Path:
+        """Append ``lines`` to ``trajectories/{split}/{step:04d}.jsonl``."""
+        path = self.trajectories(split, step)
+        for line in lines:
+            append_line(path, line)
+        return path
