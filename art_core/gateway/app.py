@@ -80,6 +80,7 @@ class Gateway:
         for prefix in ("", "/rollouts/{rollout_id}"):
             self.routes += [
                 Route(f"{prefix}/v1/models", self.list_models, methods=["GET"]),
+                Route(f"{prefix}/v1/models/{{model_id:path}}", self.get_model, methods=["GET"]),
                 Route(f"{prefix}/v1/chat/completions", self.chat_completions, methods=["POST"]),
             ]
         self.routes.append(Route("/health", self.health, methods=["GET"]))
@@ -111,13 +112,23 @@ class Gateway:
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "models": sorted(self.models)})
 
+    def model_ids(self) -> list[str]:
+        """Every name a request may use: ``NAME`` and ``NAME@STEP`` of each loaded adapter."""
+        ids = []
+        for served in self.models.values():
+            ids += [served.name] + [f"{served.name}@{a.step}" for a in served.engine.adapters()]
+        return ids
+
     async def list_models(self, request: Request) -> Response:
         rollout_id(request)
-        data = []
-        for served in self.models.values():
-            names = [served.name] + [f"{served.name}@{a.step}" for a in served.engine.adapters()]
-            data += [{"id": n, "object": "model", "created": 0, "owned_by": "art"} for n in names]
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": [_model_card(n) for n in self.model_ids()]})
+
+    async def get_model(self, request: Request) -> Response:
+        """``GET /v1/models/{id}`` (``client.models.retrieve``): the model, or 404."""
+        rollout_id(request)
+        model_id = str(request.path_params["model_id"])
+        await self.resolve(model_id)  # 404 unless served (loading a known one on demand)
+        return JSONResponse(_model_card(model_id))
 
     async def resolve(self, name: str) -> tuple[ServedModel, str | None]:
         """The served model a request names (``NAME`` or ``NAME@STEP``) and the adapter."""
@@ -172,6 +183,10 @@ class Gateway:
         except EngineError as exc:
             raise APIError(400, str(exc)) from None
         return JSONResponse(shaper.completion(calls))
+
+
+def _model_card(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "art"}
 
 
 def rollout_id(request: Request) -> str | None:

@@ -46,8 +46,9 @@ def to_llm_call(
     finish = result.finish_reason
     if call.parses_tools:
         names = {t["function"]["name"] for t in call.tools or []}
-        message = parse_tool_calls(text, names).message()
-        if message.get("tool_calls") and finish == "stop":
+        parsed = parse_tool_calls(text, names)
+        message = parsed.message()
+        if parsed.tool_calls and finish == "stop" and not parsed.truncated:
             finish = "tool_calls"
     else:
         message = {"role": "assistant", "content": text}

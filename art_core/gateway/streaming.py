@@ -1,9 +1,11 @@
 """Answering a chat completion as server-sent events (``stream: true``).
 
-The call is sampled and recorded exactly as without streaming (the same ``LLMCall``s); text
-is sent as it is sampled. Answers that are parsed from the whole output (tool calls, stop
-strings) are sent when complete. The last chunk of each choice carries its finish reason,
-logprobs and the extension fields (``token_ids``, ``call_id``).
+The call is sampled and recorded exactly as without streaming (the same ``LLMCall``s). Text
+is sent as it is sampled, holding back only what could still turn into a stop string (which
+is cut from the answer) or tool-call markup (which never reaches the content); the held-back
+rest, the parsed tool calls, the finish reason, logprobs and the extension fields
+(``token_ids``, ``call_id``) come in each choice's last chunk. The streamed deltas of a
+choice always add up to the content of the non-streamed answer.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from art_core.engines.base import EngineError
 from art_core.gateway.recording import sample_and_record
 from art_core.gateway.requests import PreparedCall
 from art_core.gateway.responses import SSE_DONE, ResponseShaper, sse, usage
+from art_core.gateway.tool_calls import TOOL_CALL_OPEN
 
 
 async def stream_completion(call: PreparedCall) -> AsyncIterator[str]:
@@ -44,9 +47,7 @@ async def stream_completion(call: PreparedCall) -> AsyncIterator[str]:
         for i in range(n)
     ]
     yield sse(shaper.chunk(head, prompt_token_ids=call.prompt_ids))
-    # Plain text streams token by token; tool calls, stop strings and grammars are parsed
-    # from the whole output, so those answers are sent when complete.
-    incremental = not (call.parses_tools or call.params.stop)
+    holdback = Holdback(call.params.stop, tool_markup=call.parses_tools)
     sampled: dict[int, list[int]] = {i: [] for i in range(n)}
     sent: dict[int, str] = {i: "" for i in range(n)}
     tokenizer = call.served.tokenizer
@@ -58,14 +59,13 @@ async def stream_completion(call: PreparedCall) -> AsyncIterator[str]:
             continue
         choice, ids = getter.result()
         sampled[choice].extend(ids)
-        if not incremental:
-            continue
         text = tokenizer.decode(sampled[choice], skip_special_tokens=True)
         if text.endswith("\ufffd"):
             continue  # an incomplete UTF-8 sequence: wait for the next token
-        delta = text[len(sent[choice]) :]
-        if delta and text.startswith(sent[choice]):
-            sent[choice] = text
+        safe = holdback.safe_prefix(text)
+        delta = safe[len(sent[choice]) :]
+        if delta and safe.startswith(sent[choice]):
+            sent[choice] = safe
             yield sse(
                 shaper.chunk(
                     [
@@ -90,7 +90,8 @@ async def stream_completion(call: PreparedCall) -> AsyncIterator[str]:
         message = recorded.response_message
         final: dict[str, Any] = {}
         content = message.get("content") or ""
-        rest = content[len(sent[recorded.choice_index]) :] if incremental else content
+        already = sent[recorded.choice_index]
+        rest = content[len(already) :] if content.startswith(already) else ""
         if rest:
             final["content"] = rest
         if message.get("tool_calls"):
@@ -112,3 +113,44 @@ async def stream_completion(call: PreparedCall) -> AsyncIterator[str]:
     if call.chat.stream_options and call.chat.stream_options.include_usage:
         yield sse(shaper.chunk([], usage=usage(calls)))
     yield SSE_DONE
+
+
+class Holdback:
+    """How much of a choice's text so far is safe to stream.
+
+    A stop string is cut from the answer, so text that could still grow into one (a suffix
+    that is a prefix of a stop string) waits; so does everything from the first tool-call
+    markup on (it becomes ``tool_calls``, not content), and the whitespace before it (the
+    content drops trailing whitespace when tool calls follow).
+
+    Example:
+        >>> Holdback(["END"], tool_markup=False).safe_prefix("hello EN")
+        'hello '
+        >>> Holdback([], tool_markup=True).safe_prefix("Sure.\n<tool_ca")
+        'Sure.'
+    """
+
+    def __init__(self, stops: list[str], *, tool_markup: bool) -> None:
+        self.stops = [s for s in stops if s]
+        self.tool_markup = tool_markup
+        self.markers = self.stops + ([TOOL_CALL_OPEN] if tool_markup else [])
+
+    def safe_prefix(self, text: str) -> str:
+        end = len(text) - _partial_marker_suffix(text, self.markers)
+        for marker in self.markers:
+            found = text.find(marker)
+            if found >= 0:
+                end = min(end, found)
+        safe = text[:end]
+        return safe.rstrip() if self.tool_markup else safe
+
+
+def _partial_marker_suffix(text: str, markers: list[str]) -> int:
+    """The length of the longest end of ``text`` that starts one of ``markers``."""
+    longest = 0
+    for marker in markers:
+        for size in range(min(len(marker) - 1, len(text)), longest, -1):
+            if marker.startswith(text[-size:]):
+                longest = size
+                break
+    return longest
