@@ -37,7 +37,8 @@ class ScenarioSampler(Generic[Scenario]):
     in ``history`` and reports in ``last_report``; the groups it returns carry the report in
     their ``metrics``, so ``model.train`` writes it to ``history.jsonl``. A scenario runs at
     most once per call. ``key(scenario)`` names a scenario in the history (default: its
-    index); pass ``history`` back in to resume.
+    index); pass ``history`` back in to resume, and ``position`` (the number of scenarios
+    started so far, e.g. ``step * groups_per_step``) to resume the shuffle where it was.
 
     Example:
         >>> sampler = ScenarioSampler(scenarios, lambda s: rollout(model, s), group_size=8,
@@ -61,6 +62,7 @@ class ScenarioSampler(Generic[Scenario]):
         key: Callable[[Scenario], str] | None = None,
         history: ScenarioHistory | None = None,
         seed: int = 0,
+        position: int = 0,
     ) -> None:
         if isinstance(scenarios, str | bytes) or not isinstance(scenarios, Sequence):
             raise TypeError(
@@ -95,7 +97,10 @@ class ScenarioSampler(Generic[Scenario]):
             raise ValueError(f"two scenarios have the key {duplicate!r}: keys must be unique")
         self.seed = seed
         self.last_report: SamplingReport | None = None
-        self._position = 0  # in the endless sequence of seeded shuffles (no curriculum)
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise ValueError(f"position must be an int >= 0, got {position!r}")
+        # Where this sampler is in the endless sequence of seeded shuffles (no curriculum).
+        self.position = position
         self._calls = 0
 
     @staticmethod
@@ -203,12 +208,12 @@ class ScenarioSampler(Generic[Scenario]):
             permutation: list[int] = []
             shuffled_epoch = -1
             while True:
-                epoch, offset = divmod(self._position, count)
+                epoch, offset = divmod(self.position, count)
                 if epoch != shuffled_epoch:
                     permutation = list(range(count))
                     random.Random(self.seed * 1_000_003 + epoch).shuffle(permutation)
                     shuffled_epoch = epoch
-                self._position += 1
+                self.position += 1
                 yield permutation[offset]
 
         return _at_most(shuffled(), 2 * count)
