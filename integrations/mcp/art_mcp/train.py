@@ -174,7 +174,8 @@ async def train(
     Resumes from the model's checkpoint step; returns the per-step records and the before /
     after validation summaries (RULER-scored in joint groups when a judge is used).
 
-    Sparse rewards: ``dynamic_sampling`` (groups without signal are discarded and replaced,
+    A step whose groups all have equal rewards trains nothing (the checkpoint step stays) but
+    counts towards ``steps``. Sparse rewards: ``dynamic_sampling`` (groups without signal are discarded and replaced,
     up to ``max_rollouts_per_step`` rollouts a step, default 4x a plain step),
     ``max_group_size`` (adaptive group size) and ``curriculum``; a run solved a scenario when
     its reward >= ``success_threshold`` (for the curriculum and the never-solved share).
@@ -262,7 +263,9 @@ async def train(
     bar = tqdm(total=steps, initial=min(first, steps), desc="mcp train", unit="step")
     try:
         step = first
-        while step < steps:
+        # A step that trains nothing (every group all-equal) leaves the checkpoint step where
+        # it was: it still counts, so a reward nobody earns cannot keep this loop going.
+        for _ in range(max(steps - first, 0)):
             current["step"] = step
             rollout_started = time.perf_counter()
             if rollouts_per_group >= 2:
@@ -317,6 +320,7 @@ async def train(
                 f"{' (discarded)' if dynamic_sampling else ''}, {record.rollouts_spent} "
                 f"rollouts spent, {record.never_solved:.0%} of tried scenarios never solved; "
                 f"rollouts {rollout_s:.1f} s, train {record.train_s:.1f} s"
+                + (f"; trained nothing: {result.nothing_trained}" if result.nothing_trained else "")
             )
             if on_step is not None:
                 on_step(record)
