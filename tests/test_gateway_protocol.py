@@ -30,9 +30,7 @@ USER = [{"role": "user", "content": "note something"}]
 
 async def _stream(client: openai.AsyncOpenAI, **kwargs: Any) -> tuple[list[Any], list[str]]:
     chunks = [c async for c in await client.chat.completions.create(stream=True, **kwargs)]
-    contents = [
-        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
-    ]
+    contents = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     return chunks, contents
 
 
@@ -41,11 +39,7 @@ async def test_a_forced_tool_call_cut_by_max_tokens_is_a_partial_tool_call(
 ) -> None:
     client = tiny_model.openai_client()
     full = await client.chat.completions.create(
-        model="tiny",
-        messages=USER,
-        max_tokens=200,
-        seed=7,
-        **FORCED,  # type: ignore[arg-type]
+        model="tiny", messages=USER, max_tokens=200, seed=7, **FORCED  # type: ignore[arg-type]
     )
     [whole] = full.choices[0].message.tool_calls or []
     ids: list[int] = full.choices[0].model_extra["token_ids"]  # type: ignore[index]
@@ -60,11 +54,7 @@ async def test_a_forced_tool_call_cut_by_max_tokens_is_a_partial_tool_call(
     assert cut < len(ids) - 3, tokenizer.decode(ids)
 
     short = await client.chat.completions.create(
-        model="tiny",
-        messages=USER,
-        max_tokens=cut,
-        seed=7,
-        **FORCED,  # type: ignore[arg-type]
+        model="tiny", messages=USER, max_tokens=cut, seed=7, **FORCED  # type: ignore[arg-type]
     )
     choice = short.choices[0]
     assert choice.finish_reason == "length"
