@@ -13,6 +13,7 @@ from art_core.backends.remote import RemoteBackend
 from art_core.capture import Run, capture, current_run
 from art_core.gather import TooManyExceptions, gather_trajectory_groups
 from art_core.model import Model, TrainableModel
+from art_core.sampling import SamplingReport, ScenarioHistory, ScenarioSampler
 from art_core.trajectories import LLMCall, RolloutException, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:  # imported lazily below; these lines give type checkers the real types
@@ -27,6 +28,9 @@ __all__ = [
     "RemoteBackend",
     "RolloutException",
     "Run",
+    "SamplingReport",
+    "ScenarioHistory",
+    "ScenarioSampler",
     "TooManyExceptions",
     "TrainConfig",
     "TrainResult",

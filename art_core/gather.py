@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
@@ -26,6 +26,8 @@ async def gather_trajectory_groups(
     max_exceptions: int | float = 0,
     after_each: AfterEach | None = None,
     max_concurrent_groups: int | None = None,
+    groups_with_signal: int | None = None,
+    max_rollouts: int | None = None,
 ) -> list[TrajectoryGroup]:
     """Run every group's rollouts at once; return the groups in input order.
 
@@ -34,12 +36,35 @@ async def gather_trajectory_groups(
     this raises ``TooManyExceptions``. ``after_each`` runs on each finished group (e.g. RULER
     scoring); returning None drops the group.
 
+    Dynamic sampling (for sparse rewards): with ``groups_with_signal=N`` and
+    ``max_rollouts=M``, ``groups`` is read lazily (it may be an endless generator of
+    ``TrajectoryGroup``) and groups are started until ``N`` have unequal rewards; all-equal
+    groups are discarded and the call never runs more than ``M`` rollouts. The groups returned
+    carry the counts (``sampling_*``) in their ``metrics``, which ``model.train`` writes to
+    ``history.jsonl``; if none had a signal, up to ``N`` all-equal groups are returned so the
+    step is still recorded. ``art_core.ScenarioSampler`` adds adaptive group size and a
+    curriculum on top.
+
     Example:
         >>> groups = await gather_trajectory_groups(
         ...     (TrajectoryGroup(rollout(model, s) for _ in range(4)) for s in scenarios),
         ...     after_each=lambda g: ruler_score_group(g, "judge", swallow_exceptions=True),
         ... )  # doctest: +SKIP
+        >>> groups = await gather_trajectory_groups(
+        ...     (TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in cycle(scenarios)),
+        ...     groups_with_signal=4, max_rollouts=256,
+        ... )  # doctest: +SKIP
     """
+    if groups_with_signal is not None or max_rollouts is not None:
+        return await _gather_with_signal(
+            groups,
+            groups_with_signal=groups_with_signal,
+            max_rollouts=max_rollouts,
+            pbar_desc=pbar_desc,
+            max_exceptions=max_exceptions,
+            after_each=after_each,
+            max_concurrent_groups=max_concurrent_groups,
+        )
     pending = list(groups)
     total = sum(g.pending if isinstance(g, TrajectoryGroup) else 1 for g in pending)
     limit = max_exceptions if max_exceptions >= 1 or max_exceptions == 0 else max_exceptions * total
@@ -104,3 +129,67 @@ def _postfix(stats: dict[str, Any]) -> dict[str, Any]:
         "tokens": stats["completion_tokens"],
         "exceptions": stats["exceptions"],
     }
+
+
+async def _gather_with_signal(
+    groups: Iterable[Awaitable[TrajectoryGroup] | TrajectoryGroup],
+    *,
+    groups_with_signal: int | None,
+    max_rollouts: int | None,
+    pbar_desc: str | None,
+    max_exceptions: int | float,
+    after_each: AfterEach | None,
+    max_concurrent_groups: int | None,
+) -> list[TrajectoryGroup]:
+    from art_core.sampling.loop import OVER_BUDGET, GroupJob, gather_groups_with_signal
+
+    for name, value in (("groups_with_signal", groups_with_signal), ("max_rollouts", max_rollouts)):
+        if value is None:
+            raise ValueError(
+                "dynamic sampling needs both groups_with_signal (how many groups to keep) and "
+                f"max_rollouts (the most rollouts to spend): {name} is missing"
+            )
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    assert groups_with_signal is not None and max_rollouts is not None
+    source = iter(groups)
+    end = object()
+
+    def next_job(rollouts_left: int) -> GroupJob | Literal["over_budget"] | None:
+        item = next(source, end)
+        if item is end:
+            return None
+        if not isinstance(item, TrajectoryGroup):
+            close = getattr(item, "close", None)
+            if close is not None:
+                close()
+            raise TypeError(
+                "with groups_with_signal, pass TrajectoryGroup objects (their size must be "
+                f"known to respect max_rollouts), got {type(item).__name__}"
+            )
+        if item.pending > rollouts_left:
+            item.cancel_pending()
+            return OVER_BUDGET
+        return GroupJob(item)
+
+    try:
+        kept, report = await gather_groups_with_signal(
+            next_job,
+            groups_with_signal=groups_with_signal,
+            max_rollouts=max_rollouts,
+            after_each=after_each,
+            max_exceptions=max_exceptions,
+            max_concurrent_groups=max_concurrent_groups,
+            pbar_desc=pbar_desc,
+        )
+    finally:
+        if isinstance(groups, list | tuple):
+            # Groups built up front that never ran: close their rollouts (no "never awaited").
+            for item in source:
+                if isinstance(item, TrajectoryGroup):
+                    item.cancel_pending()
+    for group in kept:
+        group.metrics.update(report.metrics())
+    if pbar_desc is not None:
+        tqdm.write(f"{pbar_desc}: {report.summary()}")
+    return kept

@@ -17,6 +17,20 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 JSONScalar = float | int | bool | str | None
 
+# Rewards closer than this are "equal": float noise must not create a training signal.
+EQUAL_REWARDS_TOLERANCE = 1e-9
+
+
+def rewards_differ(rewards: Iterable[float]) -> bool:
+    """Whether GRPO can learn from these rewards of one group: two or more, not all equal.
+
+    Example:
+        >>> rewards_differ([0.0, 1.0, 0.0]), rewards_differ([1.0, 1.0]), rewards_differ([1.0])
+        (True, False, False)
+    """
+    values = list(rewards)
+    return len(values) >= 2 and max(values) - min(values) > EQUAL_REWARDS_TOLERANCE
+
 
 def new_id(prefix: str) -> str:
     """A random, URL-safe id such as ``rollout_3f9c...``."""
@@ -236,6 +250,28 @@ class TrajectoryGroup(BaseModel):
     def pending(self) -> int:
         """How many rollouts have not run yet."""
         return len(self._pending)
+
+    @property
+    def has_signal(self) -> bool:
+        """Whether GRPO learns anything from this group: its rewards are not all equal.
+
+        Example:
+            >>> TrajectoryGroup([Trajectory(reward=1.0), Trajectory(reward=0.0)]).has_signal
+            True
+        """
+        return rewards_differ(t.reward for t in self.trajectories)
+
+    def cancel_pending(self) -> int:
+        """Drop the rollouts that have not run (coroutines closed, tasks cancelled); how many.
+
+        For a group that will never be awaited, e.g. one a sampling budget left out.
+        """
+        pending, self._pending = self._pending, []
+        for awaitable in pending:
+            close = getattr(awaitable, "close", None) or getattr(awaitable, "cancel", None)
+            if close is not None:
+                close()
+        return len(pending)
 
     async def run(self) -> TrajectoryGroup:
         """Run the pending rollouts concurrently; exceptions are recorded, not raised."""

@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-# Rewards closer than this are "equal": float noise must not create a training signal.
-EQUAL_REWARDS_TOLERANCE = 1e-9
+# "Equal" rewards (within a float tolerance) are defined once, with the data model.
+from art_core.trajectories import rewards_differ
+
 # Added to the std before dividing (TRL and ART use the same order of magnitude).
 STD_EPSILON = 1e-6
 
@@ -39,7 +40,7 @@ def group_advantages(rewards: Sequence[float], *, scale_rewards: bool = True) ->
     values = [float(r) for r in rewards]
     if any(not math.isfinite(v) for v in values):
         raise ValueError(f"rewards must be finite numbers, got {values}")
-    if len(values) < 2 or max(values) - min(values) <= EQUAL_REWARDS_TOLERANCE:
+    if not rewards_differ(values):
         return None
     mean = sum(values) / len(values)
     centered = [v - mean for v in values]

@@ -38,14 +38,25 @@ class PreparedBatch:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def _mean_trajectory_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+def _means(records: Sequence[dict[str, float | int | bool]]) -> dict[str, float]:
     values: dict[str, list[float]] = {}
-    for group in groups:
-        for trajectory in group.trajectories:
-            for name, value in trajectory.metrics.items():
-                if isinstance(value, int | float) and math.isfinite(float(value)):
-                    values.setdefault(name, []).append(float(value))
+    for metrics in records:
+        for name, value in metrics.items():
+            if isinstance(value, int | float) and math.isfinite(float(value)):
+                values.setdefault(name, []).append(float(value))
     return {name: sum(v) / len(v) for name, v in values.items()}
+
+
+def _user_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    """Trajectory metrics averaged over trajectories, group metrics over groups (e.g. RULER's
+    judge calls, a sampler's report); a group metric named like a trajectory metric is
+    recorded as ``train/group/{name}``."""
+    per_trajectory = _means([t.metrics for group in groups for t in group.trajectories])
+    per_group = _means([group.metrics for group in groups])
+    metrics = {f"train/{name}": value for name, value in per_trajectory.items()}
+    for name, value in per_group.items():
+        metrics[f"train/group/{name}" if name in per_trajectory else f"train/{name}"] = value
+    return metrics
 
 
 def prepare_batch(
@@ -88,9 +99,7 @@ def prepare_batch(
             if rollout.num_trainable_tokens > 0:
                 rollouts.append(rollout)
 
-    metrics: dict[str, float] = {
-        f"train/{name}": value for name, value in _mean_trajectory_metrics(groups).items()
-    }
+    metrics = _user_metrics(groups)
     metrics.update(
         {
             "train/reward": statistics.fmean(rewards) if rewards else 0.0,

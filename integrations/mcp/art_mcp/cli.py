@@ -100,6 +100,37 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--learning-rate", type=float, default=1e-4)
     group.add_argument("--lora-rank", type=int, default=8)
     group.add_argument("--seed", type=int, default=0)
+    sparse = parser.add_argument_group("sparse rewards (see the README: when nothing is learned)")
+    sparse.add_argument(
+        "--dynamic-sampling",
+        action="store_true",
+        help="discard groups whose rewards are all equal and sample more, until "
+        "--groups-per-step have a signal",
+    )
+    sparse.add_argument(
+        "--max-rollouts-per-step",
+        type=int,
+        default=None,
+        help="the most rollouts a step may spend (default: 4x a plain step with "
+        "--dynamic-sampling or --max-group-size, else a plain step)",
+    )
+    sparse.add_argument(
+        "--max-group-size",
+        type=int,
+        default=None,
+        help="grow an all-equal group by --rollouts-per-group runs at a time up to this size",
+    )
+    sparse.add_argument(
+        "--curriculum",
+        action="store_true",
+        help="prefer scenarios solved about half the time (from their recent runs)",
+    )
+    sparse.add_argument(
+        "--success-threshold",
+        type=float,
+        default=1.0,
+        help="a run solved its scenario when its reward >= this (curriculum, never-solved share)",
+    )
     agent = parser.add_argument_group("agent loop")
     agent.add_argument("--max-turns", type=int, default=6)
     agent.add_argument("--max-tokens", type=int, default=256, help="per model call")
@@ -298,13 +329,22 @@ async def train_from_args(
             val_settings=getattr(args, "val_settings", None),
             config=config,
             seed=args.seed,
+            dynamic_sampling=getattr(args, "dynamic_sampling", False),
+            max_rollouts_per_step=getattr(args, "max_rollouts_per_step", None),
+            max_group_size=getattr(args, "max_group_size", None),
+            curriculum=getattr(args, "curriculum", False),
+            success_threshold=getattr(args, "success_threshold", 1.0),
             **kw,
         )
     wall = time.perf_counter() - started
     print()
-    print("step  reward  (runs)")
+    print("step  reward  (runs)  signal  all-equal  spent  never solved")
     for record in report.steps:
-        print(f"{record.step:>4}  {record.reward:6.3f}  ({record.rollouts})")
+        print(
+            f"{record.step:>4}  {record.reward:6.3f}  ({record.rollouts:>4})  "
+            f"{record.groups_with_signal:>6}  {record.groups_all_equal:>9}  "
+            f"{record.rollouts_spent:>5}  {record.never_solved:>12.0%}"
+        )
     print()
     print(report.table())
     print(f"\nwall time {wall / 60:.1f} min")

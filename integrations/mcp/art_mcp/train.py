@@ -5,6 +5,13 @@ the same schedule), runs ``rollouts_per_group`` rollouts of each, scores them (t
 ``reward_fn``, or RULER when a judge is given) and calls ``model.train``. A validation pass
 runs before the first step and after the last; the report compares them. The step counter is
 the model's checkpoint step, so running ``train`` again resumes where it stopped.
+
+For rewards that are rarely earned (``art_core.ScenarioSampler``): ``dynamic_sampling`` keeps
+starting groups until ``groups_per_step`` have unequal rewards (at most
+``max_rollouts_per_step`` rollouts), ``max_group_size`` grows an all-equal group before
+giving up on it, and ``curriculum`` prefers scenarios solved about half the time. Every step
+reports groups with a signal, all-equal groups, rollouts spent and the share of scenarios
+never solved (in the progress output and ``history.jsonl``).
 """
 
 from __future__ import annotations
@@ -47,6 +54,10 @@ class StepRecord:
     rollout_s: float
     train_s: float
     metrics: dict[str, float] = field(default_factory=dict)
+    groups_with_signal: int = 0
+    groups_all_equal: int = 0
+    rollouts_spent: int = 0
+    never_solved: float = 0.0
 
 
 @dataclass
@@ -147,6 +158,11 @@ async def train(
     seed: int = 0,
     errlog: TextIO | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
+    dynamic_sampling: bool = False,
+    max_rollouts_per_step: int | None = None,
+    max_group_size: int | None = None,
+    curriculum: bool = False,
+    success_threshold: float = 1.0,
 ) -> TrainReport:
     """Train ``model`` (registered) to solve ``scenarios`` with ``server``'s tools.
 
@@ -157,6 +173,12 @@ async def train(
     scenarios. ``config`` is an ``art.TrainConfig`` (default: ``learning_rate=1e-4``).
     Resumes from the model's checkpoint step; returns the per-step records and the before /
     after validation summaries (RULER-scored in joint groups when a judge is used).
+
+    A step whose groups all have equal rewards trains nothing (the checkpoint step stays) but
+    counts towards ``steps``. Sparse rewards: ``dynamic_sampling`` (groups without signal are discarded and replaced,
+    up to ``max_rollouts_per_step`` rollouts a step, default 4x a plain step),
+    ``max_group_size`` (adaptive group size) and ``curriculum``; a run solved a scenario when
+    its reward >= ``success_threshold`` (for the curriculum and the never-solved share).
 
     Example:
         >>> report = await art_mcp.train(model, "python examples/mcp/shop_server.py", scenarios,
@@ -174,6 +196,18 @@ async def train(
         raise ValueError("no scenarios to train on")
     if judge is not None and rollouts_per_group < 2:
         raise ValueError("RULER compares runs: rollouts_per_group must be >= 2 with a judge")
+    if max_group_size is not None and max_group_size < rollouts_per_group:
+        raise ValueError(
+            f"max_group_size ({max_group_size}) must be >= rollouts_per_group ({rollouts_per_group})"
+        )
+    plain_step = groups_per_step * rollouts_per_group
+    if max_rollouts_per_step is None:
+        max_rollouts_per_step = 4 * plain_step if dynamic_sampling or max_group_size else plain_step
+    if max_rollouts_per_step < plain_step and not dynamic_sampling:
+        raise ValueError(
+            f"max_rollouts_per_step ({max_rollouts_per_step}) must be >= groups_per_step x "
+            f"rollouts_per_group ({plain_step}) without dynamic sampling"
+        )
     config = config or TrainConfig(learning_rate=1e-4)
     spec = parse_server(server)
     val = list(val_scenarios) if val_scenarios is not None else scenarios[:8]
@@ -199,33 +233,60 @@ async def train(
     before_step, before_groups = await run_val("validate (before)")
     records: list[StepRecord] = []
     first = await model.get_step()
+    current = {"step": first}
+
+    def train_rollout(scenario: Scenario) -> Any:
+        return rollout(
+            model,
+            scenario,
+            spec,
+            reward_fn=reward_fn if judge is None else None,
+            settings=settings,
+            errlog=errlog,
+            metadata={"split": "train", "step": current["step"]},
+        )
+
+    # Without the sparse-reward options this is the plain schedule (scenarios_for_step's
+    # seeded shuffle, resumed at the model's step), with the same per-step report.
+    sampler = art.ScenarioSampler(
+        scenarios,
+        train_rollout,
+        group_size=rollouts_per_group if rollouts_per_group >= 2 else 2,
+        max_group_size=max_group_size,
+        dynamic_sampling=dynamic_sampling,
+        curriculum=curriculum,
+        success_threshold=success_threshold,
+        key=lambda scenario: scenario.id,
+        seed=seed,
+        position=first * groups_per_step,
+    )
     bar = tqdm(total=steps, initial=min(first, steps), desc="mcp train", unit="step")
     try:
         step = first
-        while step < steps:
-            chosen = scenarios_for_step(scenarios, step, groups_per_step, seed)
+        # A step that trains nothing (every group all-equal) leaves the checkpoint step where
+        # it was: it still counts, so a reward nobody earns cannot keep this loop going.
+        for _ in range(max(steps - first, 0)):
+            current["step"] = step
             rollout_started = time.perf_counter()
-            groups = await art.gather_trajectory_groups(
-                (
-                    art.TrajectoryGroup(
-                        rollout(
-                            model,
-                            scenario,
-                            spec,
-                            reward_fn=reward_fn if judge is None else None,
-                            settings=settings,
-                            errlog=errlog,
-                            metadata={"split": "train", "step": step},
-                        )
-                        for _ in range(rollouts_per_group)
-                    )
-                    for scenario in chosen
-                ),
-                pbar_desc=f"step {step} rollouts",
-                max_exceptions=max_exceptions,
-                after_each=_ruler(judge) if judge is not None else None,
-            )
+            if rollouts_per_group >= 2:
+                groups = await sampler.gather(
+                    groups_per_step,
+                    max_rollouts=max_rollouts_per_step,
+                    pbar_desc=f"step {step} rollouts",
+                    max_exceptions=max_exceptions,
+                    after_each=_ruler(judge) if judge is not None else None,
+                )
+            else:  # one run per scenario: no group to compare, nothing to sample for
+                groups = await art.gather_trajectory_groups(
+                    (
+                        art.TrajectoryGroup([train_rollout(scenario)])
+                        for scenario in scenarios_for_step(scenarios, step, groups_per_step, seed)
+                    ),
+                    pbar_desc=f"step {step} rollouts",
+                    max_exceptions=max_exceptions,
+                )
             rollout_s = time.perf_counter() - rollout_started
+            sampled = sampler.last_report if rollouts_per_group >= 2 else None
             if not any(g.trajectories for g in groups):
                 raise RuntimeError(
                     f"step {step}: no rollout to train on (all failed or their groups were dropped)"
@@ -238,18 +299,28 @@ async def train(
                 reward=mean(rewards),
                 reward_std=pstdev(rewards),
                 rollouts=len(rewards),
-                failed=sum(len(g.exceptions) for g in groups),
+                failed=sampled.exceptions if sampled else sum(len(g.exceptions) for g in groups),
                 rollout_s=rollout_s,
                 train_s=time.perf_counter() - train_started,
                 metrics=dict(result.metrics),
+                groups_with_signal=sampled.groups_with_signal if sampled else 0,
+                groups_all_equal=sampled.groups_all_equal if sampled else len(groups),
+                rollouts_spent=sampled.rollouts if sampled else len(rewards),
+                never_solved=sampled.scenarios.never_solved_share
+                if sampled and sampled.scenarios
+                else 0.0,
             )
             records.append(record)
             bar.update(1)
             bar.set_postfix(reward=f"{record.reward:.3f}")
             tqdm.write(
                 f"step {step}: reward {record.reward:.3f} ± {record.reward_std:.3f} over "
-                f"{record.rollouts} runs ({record.failed} failed); rollouts {rollout_s:.1f} s, "
-                f"train {record.train_s:.1f} s"
+                f"{record.rollouts} runs ({record.failed} failed); groups with signal "
+                f"{record.groups_with_signal}, all-equal {record.groups_all_equal}"
+                f"{' (discarded)' if dynamic_sampling else ''}, {record.rollouts_spent} "
+                f"rollouts spent, {record.never_solved:.0%} of tried scenarios never solved; "
+                f"rollouts {rollout_s:.1f} s, train {record.train_s:.1f} s"
+                + (f"; trained nothing: {result.nothing_trained}" if result.nothing_trained else "")
             )
             if on_step is not None:
                 on_step(record)

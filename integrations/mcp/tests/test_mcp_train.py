@@ -172,3 +172,47 @@ def test_answer_reward_gives_partial_credit() -> None:
     assert art_mcp.answer_reward(scenario, wrong_tool) == pytest.approx(0.3)
     assert art_mcp.answer_reward(scenario, run(None, "Error executing tool get_price")) == 0.0
     assert art_mcp.answer_reward(scenario, run(None, None)) == 0.0
+
+
+async def test_train_with_dynamic_sampling_reports_what_it_discarded(
+    mcp_backend: art.LocalBackend,  # noqa: F811
+    shop: HttpServer,
+) -> None:
+    # A reward no run earns: every group is all-equal, grown from 2 to 4 runs and discarded,
+    # until the step's budget of 12 rollouts is spent. The step is still recorded.
+    model = art.TrainableModel(name="shop-sparse", project="mcp-tests", base_model="tiny-random")
+    await model.register(mcp_backend)
+    report = await art_mcp.train(
+        model,
+        shop,
+        shop_scenarios()[:6],
+        steps=1,
+        groups_per_step=1,
+        rollouts_per_group=2,
+        reward_fn=lambda scenario, trajectory: 0.0,
+        val_scenarios=shop_scenarios()[6:7],
+        val_rollouts_per_scenario=1,
+        settings=SETTINGS,
+        config=CONFIG,
+        dynamic_sampling=True,
+        max_group_size=4,
+        max_rollouts_per_step=12,
+        curriculum=True,
+    )
+    (record,) = report.steps
+    assert record.groups_with_signal == 0 and record.groups_all_equal == 3
+    assert record.rollouts_spent == 12 and record.never_solved == 1.0
+    history = [
+        json.loads(line)
+        for line in (mcp_backend.model_folder(model) / "history.jsonl").read_text().splitlines()
+    ]
+    (train,) = [h for h in history if h.get("split") == "train"]
+    assert train["train/sampling_rollouts"] == 12
+    assert train["train/sampling_groups_all_equal"] == 3
+    assert train["train/scenarios_never_solved"] == 1.0
+    assert train["train/groups_skipped"] == 1  # the all-equal group returned to record the step
+
+    with pytest.raises(ValueError, match="max_group_size"):
+        await art_mcp.train(
+            model, shop, shop_scenarios(), reward_fn=art_mcp.answer_reward, max_group_size=1
+        )
