@@ -53,6 +53,8 @@ def shard_model(model: torch.nn.Module, device: torch.device) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
+            # A plain SUM (gloo has no pre-multiplied sum; NCCL copies less with SUM too).
+            module.set_force_sum_reduction_for_comms(True)
 
 
 def full_tensor(value: Any) -> Any:
