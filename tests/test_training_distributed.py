@@ -27,6 +27,10 @@ from art_core.embedded import resolve_base_model
 from art_core.model_folder import ModelFolder
 from art_core.training import Trainer
 from art_core.training.distributed import DistributedTrainer, TrainingWorld, TrainingWorldError
+from art_core.training.distributed.balance import split_by_tokens
+from art_core.training.distributed.messages import decode_examples, encode_examples
+from art_core.training.packing import TrainingExample
+from art_core.training.sequences import TokenSequence
 
 TWO_CPU_RANKS = TrainingWorld(ranks=2, devices=("cpu", "cpu"), threads_per_rank=1)
 
@@ -236,3 +240,39 @@ def test_bad_worlds_are_refused_before_anything_starts() -> None:
     world = TrainingWorld(ranks=2, devices=("cuda:0", "cuda:1"))
     assert world.collective_backend() == "nccl" and world.rank_devices() == ["cuda:0", "cuda:1"]
     assert TrainingWorld(ranks=2, devices=("cpu", "cpu")).collective_backend() == "gloo"
+
+
+def example(prompt: list[int], completion: int, weight: float = 0.1) -> TrainingExample:
+    ids = prompt + [7] * completion
+    mask = [False] * len(prompt) + [True] * completion
+    return TrainingExample(TokenSequence(ids, mask, [-0.5] * len(ids)), 1.0, weight)
+
+
+def test_the_token_split_balances_ranks_keeps_order_and_weights() -> None:
+    examples = [example([1, 2], n) for n in (120, 3, 40, 2, 75, 9, 60)] + [example([5], 0)]
+    parts = split_by_tokens(examples, 3)
+    loads = [sum(len(e) for e in part) for part in parts]
+    # Longest first onto the least-loaded rank: within the longest example of the best split.
+    assert max(loads) - min(loads) <= 122 and max(loads) <= 126
+    # Every trained example exactly once, in input order on each rank, weights untouched;
+    # the untrained one is dropped (packing would drop it).
+    flat = sorted(id(e) for part in parts for e in part)
+    assert flat == sorted(id(e) for e in examples[:-1])
+    for part in parts:
+        assert [examples.index(e) for e in part] == sorted(examples.index(e) for e in part)
+    assert split_by_tokens(examples, 1) == [examples[:-1]]
+    # Rollouts sharing a long prompt stay together while that is cheaper: the prompt runs
+    # once per rank that holds them.
+    long_prompt = list(range(100, 300))
+    group = [example(long_prompt, 5) for _ in range(4)]
+    other = [example([9, 9], 200)]
+    assert [len(part) for part in split_by_tokens(group + other, 2)] == [4, 1]
+
+
+def test_examples_cross_the_process_boundary_bit_exact_as_json() -> None:
+    weight = 1.0 / 3.0 / 7.0
+    original = [example([1, 2, 3], 4, weight=weight)]
+    original[0].sequence.logprobs[-1] = -0.123456789012345678
+    wire = json.loads(json.dumps(encode_examples(original)))
+    [back] = decode_examples(wire)
+    assert back.weight == weight and back.sequence == original[0].sequence

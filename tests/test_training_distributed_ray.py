@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 import ray
-from distributed_support import FAST, adapter, assert_same_metrics, assert_same_tensors, random_groups
+from distributed_support import (
+    FAST,
+    adapter,
+    assert_same_metrics,
+    assert_same_tensors,
+    random_groups,
+)
 from transformers import AutoModelForCausalLM
 
 from art_core.embedded import resolve_base_model
@@ -34,7 +40,9 @@ def test_a_ray_actor_group_trains_like_one_rank_and_survives_a_killed_rank(
     base_path = resolve_base_model("tiny-random")
     base_model = AutoModelForCausalLM.from_pretrained(base_path).eval()
     batches = [
-        random_groups(base_model, seed=seed, lengths=[[40, 3, 9, 2], [12, 30]], prompt_lengths=[20, 5])
+        random_groups(
+            base_model, seed=seed, lengths=[[40, 3, 9, 2], [12, 30]], prompt_lengths=[20, 5]
+        )
         for seed in (1, 2)
     ]
     config = FAST.model_copy(update={"max_tokens_per_batch": 32})

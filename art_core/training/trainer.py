@@ -233,7 +233,9 @@ class Trainer:
     ) -> tuple[Any, torch.optim.Optimizer, list[str]]:
         """The trainable model (from ``adapter`` when given), its AdamW optimizer (with the
         adapter's saved state) and the names of the parameters it optimizes, in order."""
-        model = load_trainable_model(self.base_model_path, config, self.device, adapter_path=adapter)
+        model = load_trainable_model(
+            self.base_model_path, config, self.device, adapter_path=adapter
+        )
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(
             [p for _, p in named],

@@ -284,7 +284,10 @@ class DistributedTrainer(Trainer):
             return self._nothing_trained(step, groups, prepared.metrics)
         group = self._form(config)
         share_prefixes = config.packing and config.share_prefixes
-        shares = [split_by_tokens(examples, group.size, share_prefixes=share_prefixes) for examples in updates]
+        shares = [
+            split_by_tokens(examples, group.size, share_prefixes=share_prefixes)
+            for examples in updates
+        ]
         payloads = [
             {
                 "step": step,

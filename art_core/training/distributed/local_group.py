@@ -78,9 +78,7 @@ class LocalRankGroup:
         env = dict(os.environ)
         # The ranks import art_core from where this process did (a checkout or a venv).
         package_root = str(Path(__file__).resolve().parents[3])
-        env["PYTHONPATH"] = os.pathsep.join(
-            [package_root, *filter(None, [env.get("PYTHONPATH")])]
-        )
+        env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         threads = str(self.world.threads())
         for rank in range(self.size):
@@ -198,4 +196,6 @@ def serve(requests: Connection, replies: Connection) -> None:
 
 
 if __name__ == "__main__":
-    serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))
+    serve(
+        Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False)
+    )

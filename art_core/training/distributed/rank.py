@@ -141,7 +141,9 @@ class RankTrainer(Trainer):
         return float(norm)
 
     # ------------------------------------------------------------------ the ops
-    def plan(self, updates: list[list[TrainingExample]], config: TrainConfig) -> list[list[MicroBatch]]:
+    def plan(
+        self, updates: list[list[TrainingExample]], config: TrainConfig
+    ) -> list[list[MicroBatch]]:
         """This rank's micro-batches of each update (padded to its peers' count when sharded)."""
         attn = getattr(self._model.config, "_attn_implementation", None)
         plan = [
