@@ -222,6 +222,20 @@ async def test_local_backend_trains_on_a_world_and_serves_the_new_adapter(
     assert trainer.ranks == []  # type: ignore[attr-defined]  # closed with the backend
 
 
+def test_a_world_that_cannot_start_says_which_rank_and_why(tmp_path: Path, yes_no: list) -> None:
+    broken = tmp_path / "broken-base"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    trainer = DistributedTrainer(broken, tmp_path / "model", TWO_CPU_RANKS)
+    with pytest.raises(TrainingWorldError, match=r"did not start: rank 0 raised OSError") as error:
+        trainer.train_step(yes_no, FAST)
+    assert "not a valid JSON file" in str(error.value) and "rank 1 raised" in str(error.value)
+    assert trainer.ranks == [] and trainer.latest_step() == 0
+    assert not (tmp_path / "model" / "checkpoints").exists()
+    # The full traceback is in each rank's log.
+    assert "Traceback" in (tmp_path / "model" / "logs" / "train-rank0.log").read_text()
+
+
 def test_bad_worlds_are_refused_before_anything_starts() -> None:
     with pytest.raises(ValueError, match="2 devices for 3 ranks"):
         TrainingWorld(ranks=3, devices=("cpu", "cpu"))

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,17 @@ class LocalRankGroup:
 
     def launch(self) -> str:
         """Start the rank processes; return the ``init_method`` of their process group."""
+        devices = self.rank_devices()
+        if self.world.device_type() == "cuda":
+            import torch
+
+            available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            missing = [d for d in devices if (torch.device(d).index or 0) >= available]
+            if missing:
+                raise ValueError(
+                    f"the training world asks for {', '.join(missing)}, but this machine has "
+                    f"{available} CUDA device(s)"
+                )
         self.events = queue.Queue()
         self._store_dir = Path(tempfile.mkdtemp(prefix="art-train-world-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -188,6 +200,8 @@ def serve(requests: Connection, replies: Connection) -> None:
             result = worker.handle(str(op), message.get("payload") or {}, emit)
             reply = {"kind": "result", "result": result}
         except Exception as error:
+            traceback.print_exc()  # into this rank's log
+            sys.stderr.flush()
             reply = error_message(error)
         replies.send_bytes(dumps(reply))
         if op == "close":

@@ -20,6 +20,7 @@ import queue
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -67,6 +68,7 @@ class RankActor:
                 )
                 replies.put(dumps({"kind": "result", "result": result}))
             except Exception as error:
+                traceback.print_exc()  # into the actor's log
                 replies.put(dumps(error_message(error)))
             finally:
                 replies.put(None)
