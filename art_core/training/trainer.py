@@ -233,9 +233,7 @@ class Trainer:
     ) -> tuple[Any, torch.optim.Optimizer, list[str]]:
         """The trainable model (from ``adapter`` when given), its AdamW optimizer (with the
         adapter's saved state) and the names of the parameters it optimizes, in order."""
-        model = load_trainable_model(
-            self.base_model_path, config, self.device, adapter_path=adapter
-        )
+        model = self._load_model(config, adapter)
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(
             [p for _, p in named],
@@ -247,6 +245,10 @@ class Trainer:
         if adapter is not None:
             load_optimizer_state(adapter, optimizer, param_names)
         return model, optimizer, param_names
+
+    def _load_model(self, config: TrainConfig, adapter: Path | None) -> Any:
+        """The base model with its trainable adapter, on this trainer's device."""
+        return load_trainable_model(self.base_model_path, config, self.device, adapter_path=adapter)
 
     # ------------------------------------------------------------------ training
 

@@ -85,13 +85,10 @@ class RankTrainer(Trainer):
         self.allreduce_seconds = 0.0
         self.last_allreduce_seconds = 0.0
 
-    def _load_model_and_optimizer(
-        self, config: TrainConfig, adapter: Path | None
-    ) -> tuple[Any, torch.optim.Optimizer, list[str]]:
+    def _load_model(self, config: TrainConfig, adapter: Path | None) -> Any:
         if not self.shard_base_model:
-            return super()._load_model_and_optimizer(config, adapter)
-        from art_core.training.checkpoints import load_optimizer_state
-        from art_core.training.distributed.fsdp import shard_model, shard_optimizer_state
+            return super()._load_model(config, adapter)
+        from art_core.training.distributed.fsdp import shard_model
 
         # Loaded on the CPU; fully_shard moves only this rank's slices to the device.
         model = load_trainable_model(
@@ -102,16 +99,16 @@ class RankTrainer(Trainer):
             load_device=torch.device("cpu"),
         )
         shard_model(model, self.device)
-        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(
-            [p for _, p in named],
-            lr=config.learning_rate,
-            betas=config.adam_betas,
-            weight_decay=config.weight_decay,
-        )
-        names = [name for name, _ in named]
-        if adapter is not None:
-            load_optimizer_state(adapter, optimizer, names)
+        return model
+
+    def _load_model_and_optimizer(
+        self, config: TrainConfig, adapter: Path | None
+    ) -> tuple[Any, torch.optim.Optimizer, list[str]]:
+        model, optimizer, names = super()._load_model_and_optimizer(config, adapter)
+        if self.shard_base_model:
+            from art_core.training.distributed.fsdp import shard_optimizer_state
+
+            # The checkpoint holds full state tensors: slice them like their parameters.
             shard_optimizer_state(optimizer)
         return model, optimizer, names
 
