@@ -149,7 +149,12 @@ class DistributedTrainer(Trainer):
             return group
         devices = group.rank_devices()
         try:
-            init_method = group.launch()
+            try:
+                init_method = group.launch()
+            except ValueError:
+                raise  # a world this machine cannot host: the request is wrong
+            except Exception as error:
+                raise RankFailure(f"the ranks could not be launched: {error}") from error
             specs = [
                 {
                     "rank": rank,

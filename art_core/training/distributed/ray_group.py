@@ -28,9 +28,6 @@ from typing import Any
 from art_core.training.distributed.messages import dumps, error_message, loads
 from art_core.training.distributed.world import TrainingWorld
 
-# Attempts to reach an actor that Ray may still be restarting, before it is replaced.
-PING_ATTEMPTS = 5
-
 
 class RankActor:
     """The Ray actor of one rank: a ``RankWorker`` on one persistent torch thread."""
@@ -128,7 +125,7 @@ class RayRankGroup:
     def launch(self) -> str:
         """Create (or revive) the actors; return rank 0's ``tcp://`` address."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import GetTimeoutError
         from ray.util.placement_group import placement_group
 
         self.events = queue.Queue()
@@ -151,22 +148,35 @@ class RayRankGroup:
             self._actors = [self._new_actor(rank) for rank in range(self.size)]
         deadline = time.monotonic() + timeout
         for rank in range(self.size):
-            for attempt in range(PING_ATTEMPTS):
-                try:
-                    left = max(1.0, deadline - time.monotonic())
-                    self._info[rank] = ray.get(self._actors[rank].ping.remote(), timeout=left)
-                    break
-                except RayActorError:
-                    if attempt == PING_ATTEMPTS - 2:
-                        # Ray gave up restarting it (or is slow to): a new actor, same bundle.
-                        ray.kill(self._actors[rank], no_restart=True)
-                        self._actors[rank] = self._new_actor(rank)
-                    else:
-                        time.sleep(1.0)  # Ray is restarting the actor
-            else:
-                raise RuntimeError(f"rank {rank}'s Ray actor did not come back")
+            self._info[rank] = self._reach(rank, deadline)
         host, port = ray.get(self._actors[0].free_address.remote(), timeout=timeout)
         return f"tcp://{host}:{port}"
+
+    def _reach(self, rank: int, deadline: float) -> dict[str, Any]:
+        """Ping rank ``rank``'s actor until it answers: while Ray restarts it, wait; once Ray
+        has given up on it, put a new actor in its bundle (once)."""
+        import ray
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+        replaced = False
+        while True:
+            try:
+                left = max(1.0, deadline - time.monotonic())
+                info: dict[str, Any] = ray.get(self._actors[rank].ping.remote(), timeout=left)
+                return info
+            except GetTimeoutError:
+                raise RuntimeError(f"rank {rank}'s Ray actor did not start in time") from None
+            except RayActorError as error:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"rank {rank}'s Ray actor did not come back: {error}"
+                    ) from None
+                if isinstance(error, ActorUnavailableError) or replaced:
+                    time.sleep(0.5)  # Ray is restarting it
+                    continue
+                ray.kill(self._actors[rank], no_restart=True)
+                self._actors[rank] = self._new_actor(rank)
+                replaced = True
 
     def send(self, rank: int, op: str, payload: dict[str, Any]) -> None:
         """Start ``op`` on rank ``rank``; its messages arrive on ``events``."""
