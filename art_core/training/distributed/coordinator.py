@@ -224,6 +224,8 @@ class DistributedTrainer(Trainer):
             if rank in failures:
                 continue
             if message is None:
+                # Gone, even if it answered this op already: it cannot take part in the next.
+                results.pop(rank, None)
                 failures[rank] = group.describe(rank)
             elif message.get("kind") == "event":
                 if on_event is not None:
