@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,12 +133,28 @@ def test_a_world_of_one_runs_the_same_micro_batches_as_the_in_process_trainer(
     assert_same_metrics(expected, actual)
 
 
+def wait_until_exited(pid: int, limit_s: float = 120.0) -> None:
+    """Wait until process ``pid`` has exited: a zombie whose threads are all gone (only then
+    can its parent reap it), or reaped already."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            threads = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            return
+        if state == "Z" and threads == [str(pid)]:
+            return
+        assert time.monotonic() < deadline, f"process {pid} still running"
+        time.sleep(0.02)
+
+
 def test_a_rank_killed_mid_step_fails_only_that_step_and_resume_continues(
     tmp_path: Path, base_path: Path, yes_no: list, uneven: list
 ) -> None:
     # Small micro-batches: each rank runs several, so the kill lands while ranks compute.
     config = FAST.model_copy(update={"max_tokens_per_batch": 32})
-    batches = [yes_no, uneven, yes_no]
+    batches = [yes_no, uneven, yes_no, uneven]
     straight = Trainer(base_path, tmp_path / "straight", device="cpu")
     expected = [straight.train_step(groups, config) for groups in batches]
 
@@ -166,19 +183,27 @@ def test_a_rank_killed_mid_step_fails_only_that_step_and_resume_continues(
         second = trainer.train_step(batches[1], config)
         assert second.step == 2 and victim not in [r["pid"] for r in trainer.ranks]
         assert_same_tensors(adapter(expected[1]), adapter(second))
+
+        # A rank that dies between steps is replaced before the next one, which then works.
+        idle = trainer.ranks[0]["pid"]
+        os.kill(idle, signal.SIGKILL)
+        wait_until_exited(idle)
+        third = trainer.train_step(batches[2], config)
+        assert third.step == 3 and idle not in [r["pid"] for r in trainer.ranks]
+        assert_same_tensors(adapter(expected[2]), adapter(third))
     finally:
         trainer.unload()
 
-    # A new coordinator with new ranks resumes at step 2 with the same optimizer state.
+    # A new coordinator with new ranks resumes at step 3 with the same optimizer state.
     resumed = DistributedTrainer(base_path, tmp_path / "model", TWO_CPU_RANKS)
     try:
-        assert resumed.latest_step() == 2
-        third = resumed.train_step(batches[2], config)
+        assert resumed.latest_step() == 3
+        fourth = resumed.train_step(batches[3], config)
     finally:
         resumed.unload()
-    assert third.step == 3
-    assert_same_tensors(adapter(expected[2]), adapter(third))
-    assert_same_tensors(optimizer_state(expected[2]), optimizer_state(third))
+    assert fourth.step == 4
+    assert_same_tensors(adapter(expected[3]), adapter(fourth))
+    assert_same_tensors(optimizer_state(expected[3]), optimizer_state(fourth))
 
 
 def test_fsdp2_shards_the_base_across_ranks_and_trains_like_one(

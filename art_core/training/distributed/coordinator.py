@@ -78,6 +78,8 @@ class RankGroup(Protocol):
 
     def describe(self, rank: int) -> str: ...
 
+    def alive(self) -> bool: ...
+
     def stop(self, *, failed: bool) -> None: ...
 
 
@@ -142,6 +144,10 @@ class DistributedTrainer(Trainer):
             # A fresh adapter is shaped by the first step's config, not by the one the
             # ranks were started with.
             self._stop(failed=False)
+        if self._formed and self._group is not None and not self._group.alive():
+            # A rank ended between steps: form a new world rather than fail this step.
+            logger.warning("a training rank ended since the last step; starting the ranks again")
+            self._stop(failed=True)
         if self._group is None:
             self._group = make_group(self.world, self.folder)
         group = self._group

@@ -154,8 +154,9 @@ class LocalRankGroup:
         log = self.log_dir / f"train-rank{rank}.log"
         return f"rank {rank} (pid {process.pid}) {describe_exit(process.poll())}; its log: {log}"
 
-    def pids(self) -> list[int]:
-        return [process.pid for process in self._processes]
+    def alive(self) -> bool:
+        """Whether every rank process is still running."""
+        return bool(self._processes) and all(p.poll() is None for p in self._processes)
 
     def stop(self, *, failed: bool) -> None:
         """End the rank processes: asked to close (``failed=False``) or killed outright."""

@@ -28,6 +28,9 @@ from typing import Any
 from art_core.training.distributed.messages import dumps, error_message, loads
 from art_core.training.distributed.world import TrainingWorld
 
+# Seconds idle actors get to answer the liveness ping before a step.
+ALIVE_TIMEOUT_S = 30.0
+
 
 class RankActor:
     """The Ray actor of one rank: a ``RankWorker`` on one persistent torch thread."""
@@ -202,6 +205,16 @@ class RayRankGroup:
         except Exception as error:  # RayActorError and friends: the rank is gone
             self._ended[rank] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
             events.put((rank, None))
+
+    def alive(self) -> bool:
+        """Whether every rank's actor answers (an idle actor answers at once)."""
+        import ray
+
+        try:
+            ray.get([actor.ping.remote() for actor in self._actors], timeout=ALIVE_TIMEOUT_S)
+        except Exception:
+            return False
+        return bool(self._actors)
 
     def describe(self, rank: int) -> str:
         info = self._info[rank]
