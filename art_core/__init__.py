@@ -19,6 +19,7 @@ from art_core.trajectories import LLMCall, RolloutException, Trajectory, Traject
 if TYPE_CHECKING:  # imported lazily below; these lines give type checkers the real types
     from art_core.rewards import DEFAULT_RUBRIC, ruler, ruler_score_group
     from art_core.training.config import TrainConfig, TrainResult
+    from art_core.training.distributed.world import TrainingWorld
 
 __all__ = [
     "DEFAULT_RUBRIC",
@@ -35,6 +36,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainableModel",
+    "TrainingWorld",
     "Trajectory",
     "TrajectoryGroup",
     "capture",
@@ -51,6 +53,10 @@ def __getattr__(name: str) -> object:
         from art_core.training import config
 
         return getattr(config, name)
+    if name == "TrainingWorld":
+        from art_core.training.distributed import world
+
+        return world.TrainingWorld
     if name in ("ruler", "ruler_score_group", "DEFAULT_RUBRIC"):
         from art_core import rewards
 

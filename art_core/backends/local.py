@@ -36,6 +36,7 @@ from art_core.trajectories import LLMCall, TrajectoryGroup, require_finished
 if TYPE_CHECKING:
     from art_core.model import TrainableModel
     from art_core.training.config import TrainConfig, TrainResult
+    from art_core.training.distributed import TrainingWorld
     from art_core.training.trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ class _Registered:
 
 
 class LocalBackend(BackendBase):
-    """Serve and train models on this machine.
+    """Serve and train models on this machine (training on ``training_world``'s ranks when
+    given: several processes or GPUs, locally or on a Ray cluster).
 
     Example:
         >>> backend = LocalBackend(path=".art")
@@ -76,8 +78,10 @@ class LocalBackend(BackendBase):
         dtype: str | None = None,
         max_batch_size: int = 32,
         default_max_tokens: int = 1024,
+        training_world: TrainingWorld | None = None,
     ) -> None:
         self.path = Path(path)
+        self.training_world = training_world
         self.engine_name = choose_engine(engine)
         self.device = device
         self.dtype = dtype
@@ -243,9 +247,16 @@ class LocalBackend(BackendBase):
     # ------------------------------------------------------------------------------ training
     def _trainer(self, entry: _Registered) -> Trainer:
         if entry.trainer is None:
-            from art_core.training.trainer import Trainer
+            if self.training_world is not None:
+                from art_core.training.distributed import DistributedTrainer
 
-            entry.trainer = Trainer(entry.base_path, entry.folder, device=self.device)
+                entry.trainer = DistributedTrainer(
+                    entry.base_path, entry.folder, self.training_world
+                )
+            else:
+                from art_core.training.trainer import Trainer
+
+                entry.trainer = Trainer(entry.base_path, entry.folder, device=self.device)
         return entry.trainer
 
     async def train(
@@ -335,6 +346,8 @@ class LocalBackend(BackendBase):
             except RuntimeError:
                 pass
             entry.served.store.close()
+            if entry.trainer is not None and self.training_world is not None:
+                await asyncio.to_thread(entry.trainer.unload)  # the rank processes
             entry.torch_thread.shutdown(wait=False)
         self._models.clear()
         if self._started:

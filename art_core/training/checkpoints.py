@@ -32,9 +32,10 @@ FORMAT_VERSION = 1
 
 
 def optimizer_state_to_safetensors(
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | dict[str, Any],
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Split an optimizer's ``state_dict`` into tensors (for safetensors) and JSON.
+    """Split an optimizer's ``state_dict`` (or the state dict itself) into tensors (for
+    safetensors) and JSON.
 
     Example:
         >>> p = torch.nn.Parameter(torch.ones(2))
@@ -43,7 +44,7 @@ def optimizer_state_to_safetensors(
         >>> sorted(tensors)
         ['state.0.exp_avg', 'state.0.exp_avg_sq', 'state.0.step']
     """
-    state_dict = optimizer.state_dict()
+    state_dict = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for index, param_state in state_dict["state"].items():
@@ -82,7 +83,7 @@ def save_checkpoint(
     step: int,
     *,
     save_adapter: Callable[[Path], None],
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | dict[str, Any],
     param_names: list[str],
     extra_state: dict[str, Any],
 ) -> Path:
@@ -97,6 +98,32 @@ def save_checkpoint(
         >>> save_checkpoint(ModelFolder(Path("m")), 1, save_adapter=model.save_pretrained,
         ...                 optimizer=opt, param_names=names, extra_state={})  # doctest: +SKIP
         PosixPath('m/checkpoints/0001')
+    """
+    staging = stage_checkpoint(
+        folder,
+        step,
+        save_adapter=save_adapter,
+        optimizer=optimizer,
+        param_names=param_names,
+        extra_state=extra_state,
+    )
+    return commit_checkpoint(folder, step, staging)
+
+
+def stage_checkpoint(
+    folder: ModelFolder,
+    step: int,
+    *,
+    save_adapter: Callable[[Path], None],
+    optimizer: torch.optim.Optimizer | dict[str, Any],
+    param_names: list[str],
+    extra_state: dict[str, Any],
+) -> Path:
+    """Write checkpoint ``step``'s files into a new hidden folder beside the checkpoints and
+    return it; nothing is a checkpoint until ``commit_checkpoint`` renames it into place.
+
+    ``optimizer`` is the optimizer or its (full, unsharded) ``state_dict``. Data-parallel
+    training stages on rank 0 and commits only once every rank has finished the step.
     """
     target = folder.checkpoint(step)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -115,6 +142,22 @@ def save_checkpoint(
         atomic_write_text(
             staging / TRAINER_STATE_FILE, json.dumps(state, indent=2, allow_nan=False)
         )
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
+
+
+def commit_checkpoint(folder: ModelFolder, step: int, staging: Path) -> Path:
+    """Rename a staged checkpoint (``stage_checkpoint``) into place as checkpoint ``step``.
+
+    The staging folder is removed whatever happens; a complete checkpoint ``step`` is never
+    overwritten (``FileExistsError``).
+    """
+    target = folder.checkpoint(step)
+    try:
+        if not folder.is_complete(staging):
+            raise FileNotFoundError(f"{staging} is not a complete staged checkpoint")
         if target.exists() and not folder.is_complete(target):
             folder.set_aside_incomplete()
         if target.exists():

@@ -62,21 +62,25 @@ def load_trainable_model(
     device: torch.device,
     *,
     adapter_path: Path | None = None,
+    load_device: torch.device | None = None,
 ) -> Any:
     """The base model with a trainable LoRA adapter: fresh from ``config``, or ``adapter_path``.
 
-    The base weights stay frozen, in ``base_weights_dtype``; LoRA weights are kept in fp32
-    so small updates are not rounded away.
+    The base weights stay frozen, in ``base_weights_dtype`` (decided for ``device``); LoRA
+    weights are kept in fp32 so small updates are not rounded away. ``load_device`` (default
+    ``device``) is where the weights are put: FSDP loads on the CPU and moves only each
+    rank's shard to ``device``.
 
     Example:
         >>> model = load_trainable_model(Path(".art/base_models/tiny-random"), TrainConfig(),
         ...                              torch.device("cpu"))  # doctest: +SKIP
     """
     dtype = base_weights_dtype(config, device)
-    if use_unsloth(device):
+    load_device = device if load_device is None else load_device
+    if use_unsloth(load_device):
         model = _load_with_unsloth(base_model_path, config, dtype, adapter_path)
     else:
-        model = _load_with_peft(base_model_path, config, dtype, device, adapter_path)
+        model = _load_with_peft(base_model_path, config, dtype, load_device, adapter_path)
     for parameter in model.parameters():
         if parameter.requires_grad and parameter.dtype != torch.float32:
             parameter.data = parameter.data.float()

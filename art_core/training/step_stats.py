@@ -62,9 +62,10 @@ class StepStats:
         )
 
     def micro_batch(
-        self, metrics: dict[str, float], *, tokens: int, epoch: int, update: int
+        self, metrics: dict[str, float], *, tokens: int, epoch: int, update: int, **extra: Any
     ) -> None:
-        """A micro-batch's forward and backward are done."""
+        """A micro-batch's forward and backward are done (``extra`` goes into its record,
+        e.g. the data-parallel rank that ran it)."""
         for name, value in metrics.items():
             self.sums[name] += value
         self.micro_batches_done += 1
@@ -79,11 +80,13 @@ class StepStats:
                 "num_micro_batches": self.num_micro_batches,
                 "loss": metrics["loss"],
                 "tokens": tokens,
+                **extra,
             }
         )
 
-    def optimizer_step(self, grad_norm: float, *, epoch: int, update: int) -> None:
-        """An optimizer update was applied (a finite ``grad_norm``) or skipped (non-finite)."""
+    def optimizer_step(self, grad_norm: float, *, epoch: int, update: int, **extra: Any) -> None:
+        """An optimizer update was applied (a finite ``grad_norm``) or skipped (non-finite);
+        ``extra`` goes into its record."""
         if math.isfinite(grad_norm):
             self.grad_norms.append(grad_norm)
         else:
@@ -96,6 +99,7 @@ class StepStats:
                 "epoch": epoch,
                 "optimizer_step": update,
                 "grad_norm": grad_norm,
+                **extra,
             }
         )
 

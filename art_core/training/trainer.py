@@ -216,20 +216,9 @@ class Trainer:
             # First use, another process trained this model since, or a precision that
             # needs the base weights in another dtype: load from disk.
             adapter = self.folder.checkpoint(latest) if latest > 0 else None
-            model = load_trainable_model(
-                self.base_model_path, config, self.device, adapter_path=adapter
+            self._model, self._optimizer, self._param_names = self._load_model_and_optimizer(
+                config, adapter
             )
-            named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-            optimizer = torch.optim.AdamW(
-                [p for _, p in named],
-                lr=config.learning_rate,
-                betas=config.adam_betas,
-                weight_decay=config.weight_decay,
-            )
-            param_names = [name for name, _ in named]
-            if adapter is not None:
-                load_optimizer_state(adapter, optimizer, param_names)
-            self._model, self._optimizer, self._param_names = model, optimizer, param_names
             self._loaded_step = latest
             self._base_dtype = dtype
         have, want = adapter_settings(self._model), config.lora_settings()
@@ -238,6 +227,28 @@ class Trainer:
                 f"the adapter of {self.model_dir} has LoRA settings {have}, but the TrainConfig "
                 f"asks for {want}; LoRA shape cannot change between steps of one model"
             )
+
+    def _load_model_and_optimizer(
+        self, config: TrainConfig, adapter: Path | None
+    ) -> tuple[Any, torch.optim.Optimizer, list[str]]:
+        """The trainable model (from ``adapter`` when given), its AdamW optimizer (with the
+        adapter's saved state) and the names of the parameters it optimizes, in order."""
+        model = self._load_model(config, adapter)
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            [p for _, p in named],
+            lr=config.learning_rate,
+            betas=config.adam_betas,
+            weight_decay=config.weight_decay,
+        )
+        param_names = [name for name, _ in named]
+        if adapter is not None:
+            load_optimizer_state(adapter, optimizer, param_names)
+        return model, optimizer, param_names
+
+    def _load_model(self, config: TrainConfig, adapter: Path | None) -> Any:
+        """The base model with its trainable adapter, on this trainer's device."""
+        return load_trainable_model(self.base_model_path, config, self.device, adapter_path=adapter)
 
     # ------------------------------------------------------------------ training
 
@@ -305,50 +316,18 @@ class Trainer:
     ) -> TrainResult:
         started = time.perf_counter()
         self._ensure_loaded(config)
-        model, optimizer = self._model, self._optimizer
-        assert optimizer is not None
         step, new_step = self._loaded_step, self._loaded_step + 1
         prepared, plan = self._plan(groups, config)
         if not plan:
             return self._nothing_trained(step, groups, prepared.metrics)
-        for group in optimizer.param_groups:
-            group.update(
-                lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
-            )
-        params = [p for group in optimizer.param_groups for p in group["params"]]
         stats = StepStats(
             step=new_step,
             num_micro_batches=config.num_epochs * sum(len(mbs) for mbs in plan),
             on_progress=on_progress,
             started=started,
         )
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            # Dropout is reproducible per step without disturbing anyone else's RNG.
-            torch.manual_seed(config.seed + new_step)
-            old_logprobs = self._old_logprobs(plan, config)
-            model.train()
-            for epoch in range(config.num_epochs):
-                for update, micro_batches in enumerate(plan):
-                    optimizer.zero_grad(set_to_none=True)
-                    for position, batch in enumerate(micro_batches):
-                        old = old_logprobs.get((update, position))
-                        out = self._micro_batch_loss(batch, config, old)
-                        out.loss.backward()
-                        stats.micro_batch(
-                            out.metrics,
-                            tokens=batch.num_trainable_tokens,
-                            epoch=epoch,
-                            update=update,
-                        )
-                    norm = float(
-                        torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm or math.inf)
-                    )
-                    if math.isfinite(norm):
-                        optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    stats.optimizer_step(norm, epoch=epoch, update=update)
-            model.eval()
+        # Dropout is reproducible per step without disturbing anyone else's RNG.
+        self._run_updates(plan, config, stats, seed=config.seed + new_step)
         stats.close()
         metrics = {
             **prepared.metrics,
@@ -359,6 +338,54 @@ class Trainer:
             ),
         }
         return self._save(step, new_step, groups, config, metrics)
+
+    def _run_updates(
+        self, plan: list[list[MicroBatch]], config: TrainConfig, stats: StepStats, *, seed: int
+    ) -> None:
+        """The step's optimizer updates: each accumulates the gradients of its micro-batches
+        (``_finish_gradients`` combines and clips them) and is applied when they are finite.
+
+        A micro-batch with ``num_sequences == 0`` is padding (a data-parallel rank without
+        work of its own still runs the forwards its peers run): it adds nothing and is not
+        reported.
+        """
+        model, optimizer = self._model, self._optimizer
+        assert optimizer is not None
+        for group in optimizer.param_groups:
+            group.update(
+                lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
+            )
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            old_logprobs = self._old_logprobs(plan, config)
+            model.train()
+            for epoch in range(config.num_epochs):
+                for update, micro_batches in enumerate(plan):
+                    optimizer.zero_grad(set_to_none=True)
+                    for position, batch in enumerate(micro_batches):
+                        old = old_logprobs.get((update, position))
+                        out = self._micro_batch_loss(batch, config, old)
+                        out.loss.backward()
+                        if batch.num_sequences:
+                            stats.micro_batch(
+                                out.metrics,
+                                tokens=batch.num_trainable_tokens,
+                                epoch=epoch,
+                                update=update,
+                            )
+                    norm = self._finish_gradients(params, config)
+                    if math.isfinite(norm):
+                        optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    stats.optimizer_step(norm, epoch=epoch, update=update)
+            model.eval()
+
+    def _finish_gradients(self, params: list[torch.nn.Parameter], config: TrainConfig) -> float:
+        """Clip the accumulated gradients to ``max_grad_norm``; return their global norm.
+        (A data-parallel rank first sums them over the ranks, see ``training.distributed``.)"""
+        return float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm or math.inf))
 
     def _nothing_trained(
         self, step: int, groups: list[TrajectoryGroup], metrics: dict[str, float]

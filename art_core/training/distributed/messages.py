@@ -1,0 +1,81 @@
+"""What the coordinator and the rank processes say to each other: JSON, never pickle.
+
+A step's examples travel as plain JSON (token ids, loss mask, sampler logprobs, advantage,
+weight): Python writes floats with ``repr``, so they come back bit-identical and a rank
+packs exactly the micro-batches the in-process trainer would. Each message is one JSON
+object in one frame of the transport (a pipe's ``send_bytes`` locally, a Ray actor call).
+
+Messages to a rank: ``{"op": "start" | "train" | "save" | "close", "payload": {...}}``.
+Messages from a rank: ``{"kind": "event", "event": {...}}`` (progress),
+``{"kind": "result", "result": {...}}`` (the op finished) or
+``{"kind": "error", "type": ..., "message": ..., "traceback": ...}`` (the op raised).
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from art_core.training.packing import TrainingExample
+from art_core.training.sequences import TokenSequence
+
+
+def encode_examples(examples: Sequence[TrainingExample]) -> list[dict[str, Any]]:
+    """JSON-ready records of examples (``decode_examples`` reverses it exactly).
+
+    Example:
+        >>> seq = TokenSequence([1, 2], [False, True], [0.0, -0.25])
+        >>> decode_examples(encode_examples([TrainingExample(seq, 0.5, 0.125)]))[0].weight
+        0.125
+    """
+    return [
+        {
+            "token_ids": example.sequence.token_ids,
+            "loss_mask": [1 if trained else 0 for trained in example.sequence.loss_mask],
+            "logprobs": example.sequence.logprobs,
+            "advantage": example.advantage,
+            "weight": example.weight,
+        }
+        for example in examples
+    ]
+
+
+def decode_examples(records: Sequence[dict[str, Any]]) -> list[TrainingExample]:
+    """Examples from ``encode_examples`` records."""
+    return [
+        TrainingExample(
+            TokenSequence(
+                [int(token) for token in record["token_ids"]],
+                [bool(trained) for trained in record["loss_mask"]],
+                [float(logprob) for logprob in record["logprobs"]],
+            ),
+            float(record["advantage"]),
+            float(record["weight"]),
+        )
+        for record in records
+    ]
+
+
+def dumps(message: dict[str, Any]) -> bytes:
+    """One message as UTF-8 JSON (NaN/inf allowed: a diverged step reports them)."""
+    return json.dumps(message, separators=(",", ":")).encode("utf-8")
+
+
+def loads(data: bytes | str) -> dict[str, Any]:
+    """One message from ``dumps``; anything but a JSON object is an error."""
+    message = json.loads(data)
+    if not isinstance(message, dict):
+        raise ValueError(f"expected a JSON object, got {type(message).__name__}")
+    return message
+
+
+def error_message(error: BaseException) -> dict[str, Any]:
+    """The ``error`` message of an op that raised ``error``."""
+    return {
+        "kind": "error",
+        "type": type(error).__name__,
+        "message": str(error),
+        "traceback": "".join(traceback.format_exception(error)),
+    }
