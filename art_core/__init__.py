@@ -8,13 +8,19 @@ Example:
 
 from typing import TYPE_CHECKING
 
-from art_core.backends.local import LocalBackend
-from art_core.backends.remote import RemoteBackend
-from art_core.capture import Run, capture, current_run
-from art_core.gather import TooManyExceptions, gather_trajectory_groups
-from art_core.model import Model, TrainableModel
-from art_core.sampling import SamplingReport, ScenarioHistory, ScenarioSampler
-from art_core.trajectories import LLMCall, RolloutException, Trajectory, TrajectoryGroup
+from art_core.cpu import prefer_passive_openmp
+
+# Before anything imports torch: OpenMP threads that wait passively, so a competing process
+# slows torch work in proportion instead of many times over (see art_core/cpu.py).
+prefer_passive_openmp()
+
+from art_core.backends.local import LocalBackend  # noqa: E402
+from art_core.backends.remote import RemoteBackend  # noqa: E402
+from art_core.capture import Run, capture, current_run  # noqa: E402
+from art_core.gather import TooManyExceptions, gather_trajectory_groups  # noqa: E402
+from art_core.model import Model, TrainableModel  # noqa: E402
+from art_core.sampling import SamplingReport, ScenarioHistory, ScenarioSampler  # noqa: E402
+from art_core.trajectories import LLMCall, RolloutException, Trajectory, TrajectoryGroup  # noqa: E402
 
 if TYPE_CHECKING:  # imported lazily below; these lines give type checkers the real types
     from art_core.rewards import DEFAULT_RUBRIC, ruler, ruler_score_group

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from art_core.cpu import cpu_budget
+
 logger = logging.getLogger(__name__)
 
 
@@ -78,3 +80,23 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     if device.type in ("cuda", "cpu"):
         return torch.bfloat16 if serving_dtype(device) == torch.bfloat16 else None
     return None
+
+
+def use_cpu_threads(threads: int | None = None) -> int:
+    """Cap torch's CPU threads at the cores this process may use (``cpu.cpu_budget``), or
+    set them to ``threads`` (capped the same way); returns the count now in use.
+
+    torch's default is the machine's core count, which under a CPU quota or an affinity mask
+    is more threads than cores: they then wait for each other. A smaller count set earlier
+    (a data-parallel rank's thread budget, a user's choice) is kept.
+
+    Example:
+        >>> use_cpu_threads() >= 1
+        True
+    """
+    budget = cpu_budget()
+    wanted = max(1, min(torch.get_num_threads() if threads is None else threads, budget))
+    if torch.get_num_threads() != wanted:
+        torch.set_num_threads(wanted)
+        logger.info("torch CPU threads: %d (this process may use %d cores)", wanted, budget)
+    return wanted

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from art_core.device import choose_device, serving_dtype
+from art_core.device import choose_device, serving_dtype, use_cpu_threads
 from art_core.engines.base import (
     AdapterInfo,
     AdapterRegistry,
@@ -126,6 +126,8 @@ class TransformersEngine(ServesAdapters):
         """Load tokenizer and weights (blocking; ``start`` runs it in a thread)."""
         from transformers import AutoModelForCausalLM
 
+        if self.device == "cpu":
+            use_cpu_threads()
         chat = self._chat or load_chat_tokenizer(self.model_path)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
         model.to(self.device)  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from art_core.device import autocast_dtype, choose_device
+from art_core.device import autocast_dtype, choose_device, use_cpu_threads
 from art_core.model_folder import ModelFolder
 from art_core.training.batch import (
     PreparedBatch,
@@ -78,6 +78,8 @@ class Trainer:
         self.folder = model_dir if isinstance(model_dir, ModelFolder) else ModelFolder(model_dir)
         self.model_dir = self.folder.root
         self.device = choose_device(device)
+        if self.device.type == "cpu":
+            use_cpu_threads()
         self._lock = threading.Lock()
         self._model: Any = None
         self._optimizer: torch.optim.Optimizer | None = None
