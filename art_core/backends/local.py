@@ -76,8 +76,12 @@ class LocalBackend(BackendBase):
         dtype: str | None = None,
         max_batch_size: int = 32,
         default_max_tokens: int = 1024,
+        rollout_ttl_s: float = 1800.0,
     ) -> None:
         self.path = Path(path)
+        # A rollout not released this long after its last call leaves memory (its calls
+        # stay on disk, read back if it goes on or is released later).
+        self.rollout_ttl_s = rollout_ttl_s
         self.engine_name = choose_engine(engine)
         self.device = device
         self.dtype = dtype
@@ -159,7 +163,9 @@ class LocalBackend(BackendBase):
         latest = folder.latest_checkpoint()
         if latest is not None:
             await self.server.call(engine.load_adapter(latest[1], latest[0]))
-        store = await asyncio.to_thread(CallStore, folder.calls_db)
+        store = await asyncio.to_thread(
+            functools.partial(CallStore, folder.calls_db, rollout_ttl_s=self.rollout_ttl_s)
+        )
         served = ServedModel(
             name=model.name,
             engine=engine,

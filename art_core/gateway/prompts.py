@@ -10,6 +10,7 @@ it produced, and the trainer can merge the calls into one token-exact sequence.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -88,6 +89,14 @@ class PromptBuilder:
             key=len,
             reverse=True,
         )
+        self.max_token_chars  # noqa: B018 - computed once here, not on a request's path
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for (its longest vocabulary entry): a text of
+        more than ``n * max_token_chars`` characters has more than ``n`` tokens."""
+        vocab = self.tokenizer.get_vocab()
+        return max((len(token) for token in vocab), default=1)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         text = self.tokenizer.apply_chat_template(

@@ -30,8 +30,7 @@ async def sample_and_record(
     )
     latency = time.time() - started
     calls = [to_llm_call(call, result, started, latency) for result in results]
-    for recorded in calls:
-        await call.served.store.record(recorded)
+    await call.served.store.record_request(calls)
     return calls
 
 

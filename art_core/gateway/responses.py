@@ -8,9 +8,11 @@ uses, which let hand-built (ART-style) trajectories be matched to the record.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
+
+import orjson
+from starlette.responses import Response
 
 from art_core.gateway.requests import PreparedCall
 from art_core.trajectories import LLMCall, new_id
@@ -95,9 +97,25 @@ def usage(calls: list[LLMCall]) -> dict[str, int]:
     }
 
 
+def completion_response(body: dict[str, Any]) -> Response:
+    """The JSON answer (orjson: ~10x faster than ``json`` on long token-id lists; a
+    non-finite logprob is written as ``null``).
+
+    Example:
+        >>> completion_response({"object": "chat.completion"}).body
+        b'{"object":"chat.completion"}'
+    """
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
 def sse(payload: dict[str, Any]) -> str:
-    """One server-sent event."""
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    """One server-sent event.
+
+    Example:
+        >>> sse({"a": "é"}) == 'data: {"a":"é"}\\n\\n'
+        True
+    """
+    return f"data: {orjson.dumps(payload).decode()}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"
