@@ -217,11 +217,12 @@ async def engine_failing_value(http: httpx.AsyncClient, url: str, tally: Tally) 
 
 
 def _allof_schema(target_bytes: int) -> dict[str, Any]:
-    parts = []
-    i = 0
-    while len(json.dumps(parts)) < target_bytes:
-        parts.append({"type": "object", "properties": {f"p{i}": {"type": "string", "minLength": 1}}})
-        i += 1
+    parts: list[dict[str, Any]] = []
+    size = 0
+    while size < target_bytes:
+        part = {"type": "object", "properties": {f"p{len(parts)}": {"type": "string", "minLength": 1}}}
+        parts.append(part)
+        size += len(json.dumps(part)) + 2
     return {"type": "object", "allOf": parts}
 
 

@@ -31,6 +31,7 @@ from art_core.gateway.requests import DEFAULT_MAX_METADATA_BYTES, prepare_call, 
 from art_core.gateway.responses import ResponseShaper, completion_response
 from art_core.gateway.store import CallStore
 from art_core.gateway.streaming import stream_completion
+from art_core.gateway.timing import StageClock, StageLog
 
 logger = logging.getLogger(__name__)
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -79,6 +80,8 @@ class Gateway:
         self.max_body_bytes = max_body_bytes
         self.max_metadata_bytes = max_metadata_bytes
         self.model_loader = model_loader
+        # Set to a StageLog to record where each request's time goes (the benchmark does).
+        self.stage_log: StageLog | None = None
         self.routes = []
         for prefix in ("", "/rollouts/{rollout_id}"):
             self.routes += [
@@ -172,6 +175,7 @@ class Gateway:
         return served, adapter.name
 
     async def chat_completions(self, request: Request) -> Response:
+        clock = StageClock() if self.stage_log is not None else None
         rollout = rollout_id(request)
         raw = await read_body(request, self.max_body_bytes)
         parsed = await read_request(
@@ -179,6 +183,8 @@ class Gateway:
             request.headers.get("x-art-metadata"),
             max_metadata_bytes=self.max_metadata_bytes,
         )
+        if clock:
+            clock.mark("parse")
         served, adapter = await self.resolve(parsed.chat.model)
         call = await prepare_call(served, adapter, parsed, rollout_id=rollout)
         if parsed.chat.stream:
@@ -187,6 +193,9 @@ class Gateway:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
+        if clock:
+            clock.mark("prepare")
+            call.clock = clock
         shaper = ResponseShaper(call)
         # Shielded: a client that hangs up does not cancel the sampling or the recording.
         task = asyncio.ensure_future(sample_and_record(call))
@@ -194,7 +203,11 @@ class Gateway:
             calls = await asyncio.shield(task)
         except EngineError as exc:
             raise APIError(400, scrub_paths(str(exc))) from None
-        return completion_response(shaper.completion(calls))
+        response = completion_response(shaper.completion(calls))
+        if clock and self.stage_log is not None:
+            clock.mark("respond")
+            self.stage_log.add(clock)
+        return response
 
 
 Endpoint = Callable[[Request], Awaitable[Response]]

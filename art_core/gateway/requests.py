@@ -27,6 +27,7 @@ from art_core.gateway.errors import APIError, validation_message
 from art_core.gateway.grammar import json_grammar, tool_call_grammar
 from art_core.gateway.prompts import normalize_message
 from art_core.gateway.schemas import ChatCompletionRequest, NamedToolChoice, schema_is_checked
+from art_core.gateway.timing import StageClock
 
 if TYPE_CHECKING:
     from art_core.gateway.app import ServedModel
@@ -66,6 +67,7 @@ class PreparedCall:
     params: SamplingParams
     adapter: str | None
     index: int = 0
+    clock: StageClock | None = None  # where the time goes, when the gateway records it
 
     @property
     def parses_tools(self) -> bool:
