@@ -80,17 +80,29 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _spawn_server(folder: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    with open(folder / "serve.log", "wb") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "art_core.server.cli",
+                "--port",
+                str(port),
+                "--path",
+                str(folder),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+
 async def start_server(folder: Path) -> Target:
     port = free_port()
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    log = open(folder / "serve.log", "wb")  # noqa: SIM115 - kept open for the server's life
-    process = subprocess.Popen(
-        [sys.executable, "-m", "art_core.server.cli", "--port", str(port), "--path", str(folder)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
+    process = await asyncio.to_thread(_spawn_server, folder, port)
     url = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(timeout=5) as http:
         for _ in range(600):
@@ -190,19 +202,21 @@ async def run_class(
     target: Target,
     name: str,
     hostile: Callable[[httpx.AsyncClient, str, Tally], Awaitable[None]],
-    timeout: float,
+    request_timeout: float,
     innocents: int = 4,
 ) -> Tally:
     """Run one class: the hostile requests, with well-formed ones beside them."""
     tally = Tally(name)
     url = f"{target.url}/v1/chat/completions"
     async with HealthProbe(target.url) as probe:
-        async with httpx.AsyncClient(timeout=timeout) as http:
+        async with httpx.AsyncClient(timeout=request_timeout) as http:
 
             async def innocent(i: int) -> None:
                 await post(http, url, {**GOOD, "seed": i}, tally, innocent=True)
 
-            await asyncio.gather(hostile(http, url, tally), *(innocent(i) for i in range(innocents)))
+            await asyncio.gather(
+                hostile(http, url, tally), *(innocent(i) for i in range(innocents))
+            )
     tally.worst_health_ms = probe.worst * 1000
     tally.hangs += probe.stalls
     if probe.stalls:
@@ -220,7 +234,10 @@ def _allof_schema(target_bytes: int) -> dict[str, Any]:
     parts: list[dict[str, Any]] = []
     size = 0
     while size < target_bytes:
-        part = {"type": "object", "properties": {f"p{len(parts)}": {"type": "string", "minLength": 1}}}
+        part = {
+            "type": "object",
+            "properties": {f"p{len(parts)}": {"type": "string", "minLength": 1}},
+        }
         parts.append(part)
         size += len(json.dumps(part)) + 2
     return {"type": "object", "allOf": parts}
@@ -231,7 +248,13 @@ async def large_schema(http: httpx.AsyncClient, url: str, tally: Tally) -> None:
     await post(
         http,
         url,
-        {**GOOD, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}},
+        {
+            **GOOD,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": schema},
+            },
+        },
         tally,
     )
     tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
@@ -301,7 +324,9 @@ async def keep_alive_after_errors(http: httpx.AsyncClient, url: str, tally: Tall
                 tally.notes.append("server closed the keep-alive connection")
 
 
-def storage_amplification(target: Target) -> Callable[[httpx.AsyncClient, str, Tally], Awaitable[None]]:
+def storage_amplification(
+    target: Target,
+) -> Callable[[httpx.AsyncClient, str, Tally], Awaitable[None]]:
     async def run(http: httpx.AsyncClient, url: str, tally: Tally) -> None:
         before = target.storage_bytes()
         body = {
@@ -322,7 +347,9 @@ def storage_amplification(target: Target) -> Callable[[httpx.AsyncClient, str, T
             tally.notes.append(f"rejected ({response.status_code}), storage grew {grown} bytes")
         # metadata over the header too
         header = json.dumps({"blob": "y" * 60_000})
-        await post(http, url, {**GOOD, "n": 16, "max_tokens": 2}, tally, headers={"x-art-metadata": header})
+        await post(
+            http, url, {**GOOD, "n": 16, "max_tokens": 2}, tally, headers={"x-art-metadata": header}
+        )
 
     return run
 
@@ -338,7 +365,7 @@ async def unreleased_rollouts(http: httpx.AsyncClient, url: str, tally: Tally) -
         await asyncio.gather(*(one(i) for i in range(start, start + 20)))
 
 
-async def main(timeout: float) -> None:
+async def main(request_timeout: float) -> None:
     folder = Path(tempfile.mkdtemp(prefix="art-hostile-"))
     target = await start_server(folder)
     try:
@@ -356,7 +383,7 @@ async def main(timeout: float) -> None:
         ]
         tallies = []
         for name, hostile in classes:
-            tally = await run_class(target, name, hostile, timeout)
+            tally = await run_class(target, name, hostile, request_timeout)
             tallies.append(tally)
             if target.process.poll() is not None:
                 tally.notes.append("the server died")
@@ -382,7 +409,10 @@ async def main(timeout: float) -> None:
             f"{t.name:<38}{t.sent:>6}{t.server_errors:>6}{t.hangs:>7}{t.leaks:>7}"
             f"{t.innocent_failed:>10}{t.worst_health_ms:>16.0f}"
         )
-    totals = [sum(getattr(t, k) for t in tallies) for k in ("sent", "server_errors", "hangs", "leaks", "innocent_failed")]
+    totals = [
+        sum(getattr(t, k) for t in tallies)
+        for k in ("sent", "server_errors", "hangs", "leaks", "innocent_failed")
+    ]
     print(f"{'total':<38}{totals[0]:>6}{totals[1]:>6}{totals[2]:>7}{totals[3]:>7}{totals[4]:>10}")
     for t in tallies:
         for note in dict.fromkeys(t.notes):

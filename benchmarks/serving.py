@@ -177,7 +177,9 @@ async def main(base_model: str, calls: int, max_tokens: int, concurrency: int) -
         concurrent_tokens = sum(await asyncio.gather(*(one(i) for i in range(concurrency))))
         concurrent = time.perf_counter() - start
 
-    print(f"\nserving benchmark: {base_model}, engine=transformers, device={engine.device}, dtype={engine.dtype}")  # type: ignore[attr-defined]
+    print(
+        f"\nserving benchmark: {base_model}, engine=transformers, device={engine.device}, dtype={engine.dtype}"
+    )  # type: ignore[attr-defined]
     print(f"CPU: {cpu_model()}")
     print(f"\n{'latency of one call (8 tokens)':<40}{'p50 ms':>10}{'p99 ms':>10}")
     rows = [

@@ -214,9 +214,7 @@ async def test_a_bad_request_fails_alone_among_concurrent_ones(
     ]
 
     async def all_at_once() -> list[object]:
-        return await asyncio.gather(
-            *(engine.generate(r) for r in requests), return_exceptions=True
-        )
+        return await asyncio.gather(*(engine.generate(r) for r in requests), return_exceptions=True)
 
     first, seed, vocab, pair = await backend.server.call(all_at_once())
     assert isinstance(seed, EngineError) and isinstance(vocab, EngineError), (seed, vocab)

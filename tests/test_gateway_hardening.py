@@ -135,7 +135,10 @@ BAD_INPUT = [
                 **GOOD,
                 "response_format": {
                     "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {"allOf": [{"type": "object"}] * 10_000}},
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"allOf": [{"type": "object"}] * 10_000},
+                    },
                 },
             }
         ).encode(),

@@ -152,7 +152,9 @@ def check_request(request: GenerationRequest, vocab_size: int | None = None) -> 
         raise EngineError(f"top_logprobs out of range: {params.top_logprobs}")
     ids = request.prompt_token_ids
     if vocab_size is not None and ids and (min(ids) < 0 or max(ids) >= vocab_size):
-        raise EngineError(f"the prompt holds token ids outside the vocabulary (0..{vocab_size - 1})")
+        raise EngineError(
+            f"the prompt holds token ids outside the vocabulary (0..{vocab_size - 1})"
+        )
 
 
 class ServesAdapters:

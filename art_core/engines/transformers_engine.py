@@ -145,7 +145,8 @@ class TransformersEngine(ServesAdapters):
             packed = pack_linears(model)
             logger.debug("pre-packed %d linear layers for oneDNN", packed)
         self._lora = LoraServer(model)
-        self._vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        embeddings: Any = model.get_input_embeddings()
+        self._vocab_size = int(embeddings.num_embeddings)
         self.context_length = chat.context_length
         self._eos_ids = chat.eos_token_ids
         self._pad_id = chat.pad_token_id

@@ -22,7 +22,6 @@ import json
 from typing import Any
 
 import orjson
-
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 

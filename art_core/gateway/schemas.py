@@ -210,8 +210,7 @@ def schema_key(schema: dict[str, Any]) -> bytes:
         raise ValueError(f"the JSON Schema cannot be written as JSON: {exc}") from None
     if len(text) > MAX_SCHEMA_BYTES:
         raise ValueError(
-            f"the JSON Schema is {len(text)} bytes as JSON; at most {MAX_SCHEMA_BYTES} are "
-            "accepted"
+            f"the JSON Schema is {len(text)} bytes as JSON; at most {MAX_SCHEMA_BYTES} are accepted"
         )
     return hashlib.blake2b(text, digest_size=16).digest()
 

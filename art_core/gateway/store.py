@@ -77,10 +77,8 @@ def request_rows(calls: list[LLMCall]) -> tuple[tuple[str, str], list[tuple[Any,
     shared["metadata"] = shared_metadata
     rows = []
     for call in calls:
-        own = call.model_dump(exclude=SHARED_FIELDS)
-        own["metadata"] = {
-            k: v for k, v in call.metadata.items() if k not in shared_metadata
-        }
+        own = call.model_dump(exclude=set(SHARED_FIELDS))
+        own["metadata"] = {k: v for k, v in call.metadata.items() if k not in shared_metadata}
         rows.append(
             (
                 call.id,
@@ -252,7 +250,9 @@ class CallStore:
             self._evicted[rollout_id] = self._next_index.pop(rollout_id, 0)
             while len(self._evicted) > _EVICTED_REMEMBERED:
                 self._evicted.popitem(last=False)
-            logger.info("rollout %s idle for %.0f s: its calls stay on disk only", rollout_id, now - seen)
+            logger.info(
+                "rollout %s idle for %.0f s: its calls stay on disk only", rollout_id, now - seen
+            )
 
     def evicted(self, rollout_id: str) -> bool:
         """Whether the rollout was dropped from memory (using it reads its calls from disk)."""
@@ -301,8 +301,7 @@ class CallStore:
     def _read(self, rollout_id: str) -> list[LLMCall]:
         rows = self._on_writer(
             lambda: self._db.execute(
-                _SELECT
-                + "WHERE calls.rollout_id = ? ORDER BY calls.call_index, calls.created_at",
+                _SELECT + "WHERE calls.rollout_id = ? ORDER BY calls.call_index, calls.created_at",
                 (rollout_id,),
             ).fetchall()
         )

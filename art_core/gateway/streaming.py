@@ -86,11 +86,11 @@ async def stream_completion(call: PreparedCall) -> AsyncIterator[str]:
         calls = task.result()
     except Exception as exc:
         if isinstance(exc, EngineError):
-            status, kind, message = 400, "invalid_request_error", scrub_paths(str(exc))
+            status, kind, reason = 400, "invalid_request_error", scrub_paths(str(exc))
         else:
             logger.error("a streamed call failed", exc_info=exc)
-            status, kind, message = 500, "server_error", internal_error(exc).message
-        yield sse({"error": {"message": message, "type": kind, "code": status}})
+            status, kind, reason = 500, "server_error", internal_error(exc).message
+        yield sse({"error": {"message": reason, "type": kind, "code": status}})
         yield SSE_DONE
         return
     for recorded in calls:

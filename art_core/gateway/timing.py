@@ -67,6 +67,5 @@ class StageLog:
         names = [s for s in STAGES if any(s in r for r in self.records)]
         names += sorted({s for r in self.records for s in r} - set(names))
         return {
-            name: statistics.median(r.get(name, 0.0) for r in self.records) * 1000
-            for name in names
+            name: statistics.median(r.get(name, 0.0) for r in self.records) * 1000 for name in names
         }
