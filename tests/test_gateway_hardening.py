@@ -64,6 +64,15 @@ async def test_an_engine_failing_value_fails_only_its_own_request(
         assert isinstance(results, list), (name, results)
         assert len(results) == requests[name].params.n
         assert all(len(r.token_ids) >= 1 for r in results)
+    # More choices than a batch holds could never be scheduled: refused, not queued forever.
+    engine.max_batch_size, size = 2, engine.max_batch_size
+    try:
+        with pytest.raises(EngineError, match="batch size"):
+            await backend.server.call(
+                engine.generate(GenerationRequest([5], SamplingParams(max_tokens=2, n=3)))
+            )
+    finally:
+        engine.max_batch_size = size
     # The engine keeps serving, and a seeded request still reproduces.
     again = await backend.server.call(engine.generate(requests["good-0"]))
     assert again[0].token_ids == outcomes["good-0"][0].token_ids

@@ -211,6 +211,12 @@ class TransformersEngine(ServesAdapters):
 
     def _check_request(self, request: GenerationRequest) -> None:
         check_request(request, self._vocab_size)
+        if request.params.n > self.max_batch_size:
+            # It could never join a batch: it would wait forever at the head of the queue.
+            raise EngineError(
+                f"n={request.params.n} is more than this engine's batch size "
+                f"({self.max_batch_size})"
+            )
         prompt_len = len(request.prompt_token_ids)
         if prompt_len == 0:
             raise EngineError("the prompt is empty")
