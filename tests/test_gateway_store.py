@@ -121,6 +121,31 @@ async def test_idle_unreleased_rollouts_leave_memory_not_the_disk(
         store.close()
 
 
+async def test_the_log_is_checkpointed_off_the_write_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commits only append to the write-ahead log; a thread of its own copies it into the
+    database file (waiting for the disk there, not in an answer)."""
+    monkeypatch.setattr(store_module, "CHECKPOINT_BYTES", 50_000)
+    path = tmp_path / "calls.sqlite"
+    store = CallStore(path)
+    try:
+        calls = _choices("r", 0, 1, {"blob": "z" * 40_000})
+        await store.record_request(calls)
+        empty = path.stat().st_size
+        assert empty < 40_000  # committed, in the log only
+        await store.record_request(_choices("r", 1, 1, {"blob": "y" * 40_000}))
+        store._checkpointer.submit(lambda: None).result()  # the checkpoint it started is done
+        assert path.stat().st_size > 80_000
+    finally:
+        store.close()
+    reopened = CallStore(path)
+    try:
+        assert len(reopened.load_rollout("r")) == 2
+    finally:
+        reopened.close()
+
+
 def test_parse_json_refuses_what_would_fail_later() -> None:
     assert parse_json(b'{"logprob": -Infinity}') == {"logprob": -math.inf}
     for raw in (

@@ -3,7 +3,11 @@
 Each call is written (and committed) before its response is sent, so a rollout that crashes
 keeps every call it completed. SQLite work runs on one dedicated thread: the event loop never
 blocks on disk, and writes are serialized without extra locking. Requests that finish while
-a write is under way are written together, in one transaction, by the next one.
+a write is under way are written together, in one transaction, by the next one. A commit
+appends to the write-ahead log without waiting for the disk (``synchronous=NORMAL``: durable
+across a crash of the process, not of the machine); copying the log into the database, which
+waits for the disk, runs every ``CHECKPOINT_BYTES`` on a thread of its own, never delaying an
+answer.
 
 What a request's choices share (messages, tools, request parameters, prompt ids, metadata) is
 stored once per request, in ``requests``; each choice's row in ``calls`` holds the rest and
@@ -52,6 +56,8 @@ _SELECT = (
     "SELECT calls.data, requests.data FROM calls "
     "LEFT JOIN requests ON requests.id = calls.request_id "
 )
+# Written bytes between two checkpoints of the write-ahead log (SQLite's default is ~4 MB).
+CHECKPOINT_BYTES = 4 * 1024 * 1024
 # Evicted rollouts remembered (to read them back from disk when they go on); beyond this,
 # the oldest are forgotten: a rollout idle that long starts over from its next call.
 _EVICTED_REMEMBERED = 65536
@@ -131,11 +137,18 @@ class CallStore:
         # Writes waiting for the writer thread: (rows of one request, its future, its loop).
         self._queued: list[tuple[list[LLMCall], asyncio.Future[None]]] = []
         self._writing = False
+        self._checkpointer = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="art-call-store-checkpoint"
+        )
+        self._checkpoint_db: sqlite3.Connection | None = None
+        self._unsaved_bytes = 0
+        self._checkpointing = False
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA wal_autocheckpoint=0")  # see _checkpoint
         db.executescript(_SCHEMA)
         columns = {row[1] for row in db.execute("PRAGMA table_info(calls)")}
         if "request_id" not in columns:  # a calls.sqlite of the layout before `requests`
@@ -210,8 +223,25 @@ class CallStore:
                     )
             except Exception as exc:  # disk full, I/O error: nothing of this round is kept
                 outcomes = [outcome or exc for outcome in outcomes]
+            self._unsaved_bytes += sum(len(r[1]) for r in requests) + sum(len(r[4]) for r in rows)
+            if self._unsaved_bytes >= CHECKPOINT_BYTES and not self._checkpointing:
+                self._checkpointing = True
+                self._unsaved_bytes = 0
+                self._checkpointer.submit(self._checkpoint)
             for (_, future), outcome in zip(batch, outcomes, strict=True):
                 future.get_loop().call_soon_threadsafe(_settle, future, outcome)
+
+    def _checkpoint(self) -> None:
+        """On the checkpoint thread: copy the write-ahead log into the database (waits for
+        the disk; writers go on meanwhile: PASSIVE)."""
+        try:
+            if self._checkpoint_db is None:
+                self._checkpoint_db = sqlite3.connect(self.path, check_same_thread=False)
+            self._checkpoint_db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:
+            logger.warning("checkpoint of %s failed (retried later): %s", self.path.name, exc)
+        finally:
+            self._checkpointing = False
 
     # ------------------------------------------------------------------------------ memory
     def _remember(self, call: LLMCall) -> None:
@@ -338,6 +368,10 @@ class CallStore:
         )
 
     def close(self) -> None:
+        self._checkpointer.shutdown(wait=True)
+        if self._checkpoint_db is not None:
+            self._checkpoint_db.close()
+        # The last connection to close checkpoints the log into the database and removes it.
         self._executor.submit(self._db.close).result()
         self._executor.shutdown(wait=True)
 
