@@ -15,7 +15,7 @@ from art_core.gateway.body import InvalidJSON, parse_json
 from art_core.gateway.schemas import (
     MAX_SCHEMA_DEPTH,
     MAX_SCHEMA_NODES,
-    SCHEMA_CHECKS,
+    SchemaChecks,
     check_json_schema,
     schema_key,
 )
@@ -169,5 +169,6 @@ def test_json_schemas_are_bounded_and_remembered() -> None:
         with pytest.raises(ValueError, match=needle):
             check_json_schema(schema)
     fine = {"type": "object", "properties": {"city": {"type": "string"}}}
-    check_json_schema(fine)
-    assert schema_key(dict(reversed(fine.items()))) in SCHEMA_CHECKS
+    checks = SchemaChecks()
+    check_json_schema(fine, checks)
+    assert schema_key(dict(reversed(fine.items()))) in checks

@@ -29,6 +29,7 @@ from art_core.gateway.prompts import PromptBuilder
 from art_core.gateway.recording import sample_and_record
 from art_core.gateway.requests import DEFAULT_MAX_METADATA_BYTES, prepare_call, read_request
 from art_core.gateway.responses import ResponseShaper, completion_response
+from art_core.gateway.schemas import SchemaChecks
 from art_core.gateway.store import CallStore
 from art_core.gateway.streaming import stream_completion
 from art_core.gateway.timing import StageClock, StageLog
@@ -79,6 +80,8 @@ class Gateway:
         self.models: dict[str, ServedModel] = {}
         self.max_body_bytes = max_body_bytes
         self.max_metadata_bytes = max_metadata_bytes
+        # JSON Schemas that passed the (slow) check, by content: agents resend the same tools.
+        self.schema_checks = SchemaChecks()
         self.model_loader = model_loader
         # Set to a StageLog to record where each request's time goes (the benchmark does).
         self.stage_log: StageLog | None = None
@@ -181,6 +184,7 @@ class Gateway:
         parsed = await read_request(
             raw,
             request.headers.get("x-art-metadata"),
+            schema_checks=self.schema_checks,
             max_metadata_bytes=self.max_metadata_bytes,
         )
         if clock:

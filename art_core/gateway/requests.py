@@ -26,7 +26,12 @@ from art_core.gateway.body import parse_json_object
 from art_core.gateway.errors import APIError, validation_message
 from art_core.gateway.grammar import json_grammar, tool_call_grammar
 from art_core.gateway.prompts import normalize_message
-from art_core.gateway.schemas import ChatCompletionRequest, NamedToolChoice, schema_is_checked
+from art_core.gateway.schemas import (
+    ChatCompletionRequest,
+    NamedToolChoice,
+    SchemaChecks,
+    schema_is_checked,
+)
 from art_core.gateway.timing import StageClock
 
 if TYPE_CHECKING:
@@ -76,34 +81,48 @@ class PreparedCall:
 
 
 async def read_request(
-    raw: bytes, header: str | None, *, max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES
+    raw: bytes,
+    header: str | None,
+    *,
+    schema_checks: SchemaChecks,
+    max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
 ) -> ChatRequest:
     """Parse and validate a chat-completion body (on the loop when it is cheap, else on a
-    worker thread); ``APIError`` 400 naming what was wrong.
+    worker thread); ``APIError`` 400 naming what was wrong. ``schema_checks`` remembers the
+    JSON Schemas that passed.
 
     Example:
-        >>> request = await read_request(b'{"model": "m", "messages": [...]}', None)  # doctest: +SKIP
+        >>> request = await read_request(raw, None, schema_checks=SchemaChecks())  # doctest: +SKIP
     """
     if len(raw) + len(header or "") > INLINE_BODY_BYTES:
-        return await asyncio.to_thread(_read_request, raw, header, max_metadata_bytes)
+        return await asyncio.to_thread(
+            _read_request, raw, header, schema_checks, max_metadata_bytes
+        )
     payload = parse_json_object(raw)
-    if _unchecked_schemas(payload):
-        return await asyncio.to_thread(_validate_request, payload, header, max_metadata_bytes)
-    return _validate_request(payload, header, max_metadata_bytes)
+    if _unchecked_schemas(payload, schema_checks):
+        return await asyncio.to_thread(
+            _validate_request, payload, header, schema_checks, max_metadata_bytes
+        )
+    return _validate_request(payload, header, schema_checks, max_metadata_bytes)
 
 
-def _read_request(raw: bytes, header: str | None, max_metadata_bytes: int) -> ChatRequest:
-    return _validate_request(parse_json_object(raw), header, max_metadata_bytes)
+def _read_request(
+    raw: bytes, header: str | None, schema_checks: SchemaChecks, max_metadata_bytes: int
+) -> ChatRequest:
+    return _validate_request(parse_json_object(raw), header, schema_checks, max_metadata_bytes)
 
 
 def _validate_request(
-    payload: dict[str, Any], header: str | None, max_metadata_bytes: int
+    payload: dict[str, Any],
+    header: str | None,
+    schema_checks: SchemaChecks,
+    max_metadata_bytes: int,
 ) -> ChatRequest:
-    chat = parse_chat_request(payload)
+    chat = parse_chat_request(payload, schema_checks)
     return ChatRequest(payload, chat, request_metadata(chat, header, max_metadata_bytes))
 
 
-def _unchecked_schemas(payload: dict[str, Any]) -> bool:
+def _unchecked_schemas(payload: dict[str, Any], checks: SchemaChecks) -> bool:
     """Whether the body carries a JSON Schema not checked before (checking is slow)."""
     schemas: list[Any] = []
     tools = payload.get("tools")
@@ -115,13 +134,17 @@ def _unchecked_schemas(payload: dict[str, Any]) -> bool:
     spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
     if isinstance(spec, dict) and spec.get("schema") is not None:
         schemas.append(spec["schema"])
-    return not all(schema_is_checked(schema) for schema in schemas)
+    return not all(schema_is_checked(schema, checks) for schema in schemas)
 
 
-def parse_chat_request(payload: dict[str, Any]) -> ChatCompletionRequest:
+def parse_chat_request(
+    payload: dict[str, Any], schema_checks: SchemaChecks | None = None
+) -> ChatCompletionRequest:
     """The validated request; ``APIError`` 400 naming the first bad fields otherwise."""
     try:
-        return ChatCompletionRequest.model_validate(payload)
+        return ChatCompletionRequest.model_validate(
+            payload, context={"schema_checks": schema_checks}
+        )
     except ValidationError as exc:
         message, param = validation_message(exc)
         raise APIError(400, message, param=param) from None

@@ -3,7 +3,8 @@
 JSON Schemas (tool ``parameters``, ``response_format``) are bounded before they are checked
 (``MAX_SCHEMA_BYTES``, ``MAX_SCHEMA_DEPTH``, ``MAX_SCHEMA_NODES``): checking costs ~0.5 ms per
 subschema, so an unbounded one is a way to occupy the server. A schema that passed is
-remembered by content (``SCHEMA_CHECKS``): agents send the same tools with every call.
+remembered by content in the ``SchemaChecks`` passed as pydantic's validation context
+(``{"schema_checks": ...}``; the gateway keeps one): agents send the same tools with every call.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from typing import Any, Literal
 
 import jsonschema
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_N = 16
@@ -84,10 +92,10 @@ class FunctionDef(BaseModel):
 
     @field_validator("parameters")
     @classmethod
-    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _schema(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
         if value is None:
             return value
-        check_json_schema(value)
+        check_json_schema(value, _checks(info))
         if value.get("type", "object") != "object":
             raise ValueError("tool parameters must be a JSON Schema of type 'object'")
         return value
@@ -119,8 +127,8 @@ class JsonSchemaFormat(BaseModel):
 
     @field_validator("json_schema")
     @classmethod
-    def _schema(cls, value: dict[str, Any]) -> dict[str, Any]:
-        check_json_schema(value)
+    def _schema(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        check_json_schema(value, _checks(info))
         return value
 
 
@@ -218,8 +226,8 @@ def schema_key(schema: dict[str, Any]) -> bytes:
 class SchemaChecks:
     """Which schemas (by ``schema_key``) passed the check; the newest ``capacity`` are kept.
 
-    Only a pure function's answers are kept (a schema's validity never changes), so sharing
-    one memo between requests and threads is safe.
+    Only a pure function's answers are kept (a schema's validity never changes), so one memo
+    serves every request and thread of a gateway.
 
     Example:
         >>> checks = SchemaChecks(capacity=2)
@@ -246,7 +254,9 @@ class SchemaChecks:
                 self._passed.popitem(last=False)
 
 
-SCHEMA_CHECKS = SchemaChecks()
+def _checks(info: ValidationInfo) -> SchemaChecks | None:
+    context = info.context
+    return context.get("schema_checks") if isinstance(context, dict) else None
 
 
 def check_schema_bounds(schema: dict[str, Any]) -> None:
@@ -268,19 +278,20 @@ def check_schema_bounds(schema: dict[str, Any]) -> None:
         stack += [(c, depth + 1) for c in children if isinstance(c, dict | list)]
 
 
-def schema_is_checked(schema: Any) -> bool:
+def schema_is_checked(schema: Any, checks: SchemaChecks) -> bool:
     """Whether ``schema`` is known to pass ``check_json_schema`` (a cheap lookup)."""
     if not isinstance(schema, dict):
         return True  # pydantic refuses it without checking it
     try:
-        return schema_key(schema) in SCHEMA_CHECKS
+        return schema_key(schema) in checks
     except ValueError:
         return True  # refused by its size, without checking it
 
 
-def check_json_schema(schema: dict[str, Any]) -> None:
+def check_json_schema(schema: dict[str, Any], checks: SchemaChecks | None = None) -> None:
     """Raise ``ValueError`` naming the problem when ``schema`` is over the bounds or not a
-    valid JSON Schema; a schema that passed once passes at the cost of a lookup.
+    valid JSON Schema; a schema that passed once (in ``checks``) passes at the cost of a
+    lookup.
 
     Example:
         >>> check_json_schema({"type": 12})
@@ -289,7 +300,7 @@ def check_json_schema(schema: dict[str, Any]) -> None:
         ValueError: invalid JSON Schema at type: 12 is not valid under any of the given schemas
     """
     key = schema_key(schema)
-    if key in SCHEMA_CHECKS:
+    if checks is not None and key in checks:
         return
     check_schema_bounds(schema)
     try:
@@ -299,4 +310,5 @@ def check_json_schema(schema: dict[str, Any]) -> None:
         raise ValueError(f"invalid JSON Schema at {path}: {exc.message}") from None
     except RecursionError:
         raise ValueError("the JSON Schema nests too deeply to check") from None
-    SCHEMA_CHECKS.add(key)
+    if checks is not None:
+        checks.add(key)
