@@ -31,6 +31,7 @@ class ResponseShaper:
         self.call = call
         self.id = new_id("chatcmpl")
         self.created = int(time.time())
+        self._tokens: dict[int, str] = {}  # token id -> its text, for logprobs
 
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         """A ``chat.completion.chunk`` with these choices."""
@@ -49,9 +50,13 @@ class ResponseShaper:
             return None
         tokenizer = self.call.served.tokenizer
         top = call.metadata.get("top_logprobs") or [[] for _ in call.completion_token_ids]
+        # Each distinct id decoded once per answer (20 alternatives a token repeat a lot).
+        tokens = self._tokens
 
         def entry(token_id: int, logprob: float) -> dict[str, Any]:
-            token = tokenizer.decode([token_id], skip_special_tokens=False)
+            token = tokens.get(token_id)
+            if token is None:
+                token = tokens[token_id] = tokenizer.decode([token_id], skip_special_tokens=False)
             return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
         return {
