@@ -166,6 +166,21 @@ BAD_INPUT = [
         id="prompt-5mb",
     ),
     pytest.param(_with('"temperature": NaN'), {}, 400, "temperature", id="nan-temperature"),
+    pytest.param(
+        json.dumps({**GOOD, "stop": ["x" * 100_000]}).encode(), {}, 400, "stop", id="stop-huge"
+    ),
+    pytest.param(
+        json.dumps(
+            {
+                **GOOD,
+                "tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(200)],
+            }
+        ).encode(),
+        {},
+        400,
+        "tools",
+        id="too-many-tools",
+    ),
 ]
 
 

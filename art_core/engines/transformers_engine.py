@@ -50,6 +50,8 @@ class _Pending:
     # Set when this request failed on its own (a value the engine could not use): its rows
     # leave the batch at the next step; the other requests' rows go on.
     failed: bool = False
+    # Its grammar, compiled (before it was queued): each row follows a copy.
+    grammar: Any | None = None
 
 
 @dataclass
@@ -111,6 +113,7 @@ class TransformersEngine(ServesAdapters):
         # row gets a copy of the compiled matcher instead of compiling it again.
         self._grammars: OrderedDict[str, Any] = OrderedDict()
         self._grammar_cache_size = 64
+        self._grammar_cache_chars = 4 * 1024 * 1024  # grammar text kept as keys, at most
         self._vocab_size: int | None = None
         self._eos_ids: set[int] = set()
         self._pad_id = 0
@@ -200,10 +203,17 @@ class TransformersEngine(ServesAdapters):
             raise EngineError("the engine is not started")
         self._check_request(request)
         grammar = request.params.grammar
-        if grammar is not None and not self._grammar_cached(grammar):
-            await asyncio.to_thread(self._compiled, grammar)  # compiling is CPU work: off the loop
+        compiled = None
+        if grammar is not None:
+            compiled = (
+                self._compiled(grammar)  # a lookup
+                if self._grammar_cached(grammar)
+                else await asyncio.to_thread(self._compiled, grammar)  # CPU work: off the loop
+            )
         loop = asyncio.get_running_loop()
-        pending = _Pending(request=request, future=loop.create_future(), loop=loop)
+        pending = _Pending(
+            request=request, future=loop.create_future(), loop=loop, grammar=compiled
+        )
         with self._queue_lock:
             self._queue.append(pending)
         self._wake.set()
@@ -385,15 +395,15 @@ class TransformersEngine(ServesAdapters):
         matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise EngineError(f"invalid grammar / schema: {matcher.get_error()}")
+        if len(grammar) > self._grammar_cache_chars // 16:
+            return matcher  # too large to keep: compiled again when sent again
         with self._ll_lock:
             self._grammars[grammar] = matcher
-            while len(self._grammars) > self._grammar_cache_size:
+            while len(self._grammars) > self._grammar_cache_size or (
+                sum(map(len, self._grammars)) > self._grammar_cache_chars
+            ):
                 self._grammars.popitem(last=False)
         return matcher
-
-    def _matcher(self, grammar: str) -> Any:
-        """A fresh matcher for one row."""
-        return self._compiled(grammar).deep_copy()
 
     def _rows(self, batch: list[_Pending]) -> list[_Row]:
         """The rows of each request; a request whose rows cannot be set up fails alone."""
@@ -417,7 +427,7 @@ class TransformersEngine(ServesAdapters):
             generator = None
             if params.seed is not None:
                 generator = torch.Generator(device="cpu").manual_seed(params.seed + choice)
-            matcher = self._matcher(params.grammar) if params.grammar else None
+            matcher = pending.grammar.deep_copy() if pending.grammar is not None else None
             rows.append(_Row(pending, choice, params, generator, matcher))
         return rows
 

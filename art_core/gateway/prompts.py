@@ -82,8 +82,8 @@ class PromptBuilder:
     """Renders chat requests with the tokenizer's template and encodes them to ids.
 
     A rollout's next call renders its previous call's messages again (to find where the
-    sampled ids go): renders are remembered by content (``render_cache_size`` of them), so
-    each conversation state is rendered once. Text is encoded by the fast tokenizer's
+    sampled ids go): renders are remembered by content (``render_cache_chars`` of text at
+    most), so each conversation state is rendered once. Text is encoded by the fast tokenizer's
     backend directly (the ids ``tokenizer(text)`` gives, without its per-call overhead, and
     without holding the GIL, so a long prompt on a worker thread does not stall the loop).
 
@@ -93,11 +93,18 @@ class PromptBuilder:
     """
 
     def __init__(
-        self, tokenizer: Any, eos_token_ids: set[int], *, render_cache_size: int = 1024
+        self,
+        tokenizer: Any,
+        eos_token_ids: set[int],
+        *,
+        render_cache_chars: int = 32 * 1024 * 1024,
     ) -> None:
         self.tokenizer = tokenizer
+        # Rendered prompts by content, newest last, at most render_cache_chars in all (a text
+        # over a sixteenth of it is not kept).
         self._rendered: OrderedDict[bytes, str] = OrderedDict()
-        self._render_cache_size = render_cache_size
+        self._rendered_chars = 0
+        self._render_cache_chars = render_cache_chars
         self._lock = threading.Lock()
         self.eos_token_ids = eos_token_ids
         self._eos_texts = sorted(
@@ -128,10 +135,14 @@ class PromptBuilder:
                 messages, tools=tools or None, add_generation_prompt=True, tokenize=False
             )
         )
+        if len(text) > self._render_cache_chars // 16:
+            return text
         with self._lock:
-            self._rendered[key] = text
-            while len(self._rendered) > self._render_cache_size:
-                self._rendered.popitem(last=False)
+            if key not in self._rendered:
+                self._rendered[key] = text
+                self._rendered_chars += len(text)
+            while self._rendered_chars > self._render_cache_chars:
+                self._rendered_chars -= len(self._rendered.popitem(last=False)[1])
         return text
 
     def encode(self, text: str) -> list[int]:

@@ -28,6 +28,10 @@ from pydantic import (
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_N = 16
+MAX_TOOLS = 128  # OpenAI's limit
+# Stop strings are matched against every sampled token's text (and held back while streaming
+# until they cannot match): bounded so that costs microseconds, not milliseconds, per token.
+MAX_STOP_CHARS = 256
 # A seed is a signed 64-bit integer (OpenAI's and vLLM's range; torch seeds each choice with
 # seed + its index, which stays within its unsigned 64-bit range).
 MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
@@ -156,7 +160,7 @@ class ChatCompletionRequest(BaseModel):
 
     model: str
     messages: list[Message] = Field(min_length=1)
-    tools: list[Tool] | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
@@ -178,8 +182,10 @@ class ChatCompletionRequest(BaseModel):
     @classmethod
     def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
         stops = [value] if isinstance(value, str) else value or []
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop takes up to 4 non-empty strings")
+        if len(stops) > 4 or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(
+                f"stop takes up to 4 non-empty strings of at most {MAX_STOP_CHARS} characters"
+            )
         return value
 
     @model_validator(mode="after")
