@@ -204,6 +204,10 @@ async def main(base_model: str, calls: int, max_tokens: int, concurrency: int) -
             "respond": "build the JSON answer",
         }.get(name, name)
         print(f"  {label:<38}{ms:>8.3f}")
+    own = statistics.median(health_ms) + sum(
+        ms for name, ms in stages.items() if name != "queue+engine"
+    )
+    print(f"  {'gateway work (all but queue + engine)':<38}{own:>8.3f}")
     stats = pstats.Stats(profile)
     entries: list[tuple[float, int, str]] = []
     for (file, line, func), (_, ncalls, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
