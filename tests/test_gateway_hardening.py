@@ -324,3 +324,20 @@ async def test_n16_with_large_metadata_is_stored_once(
     on_disk = store.load_rollout(run.rollout_id)
     assert [c.model_dump() for c in on_disk] == [c.model_dump() for c in calls]
     assert all(c.metadata["blob"] == "m" * 60_000 for c in on_disk)
+
+
+async def test_stage_log_tells_where_a_call_spent_its_time(
+    backend: art.LocalBackend, tiny_model: art.TrainableModel
+) -> None:
+    from art_core.gateway.timing import STAGES, StageLog
+
+    log = StageLog()
+    backend.gateway.stage_log = log
+    try:
+        await tiny_model.openai_client().chat.completions.create(**GOOD)  # type: ignore[call-overload]
+    finally:
+        backend.gateway.stage_log = None
+    [record] = list(log.records)
+    assert list(record) == list(STAGES)
+    assert all(seconds >= 0 for seconds in record.values())
+    assert list(log.medians_ms()) == list(STAGES)
