@@ -72,21 +72,21 @@ class LocalBackend(BackendBase):
         engine: str = "auto",
         host: str = "127.0.0.1",
         port: int = 0,
+        rollout_ttl_s: float = 1800.0,
         device: str | None = None,
         dtype: str | None = None,
         max_batch_size: int = 32,
         default_max_tokens: int = 1024,
-        rollout_ttl_s: float = 1800.0,
     ) -> None:
         self.path = Path(path)
-        # A rollout not released this long after its last call leaves memory (its calls
-        # stay on disk, read back if it goes on or is released later).
-        self.rollout_ttl_s = rollout_ttl_s
         self.engine_name = choose_engine(engine)
         self.device = device
         self.dtype = dtype
         self.max_batch_size = max_batch_size
         self.default_max_tokens = default_max_tokens
+        # A rollout not released this long after its last call leaves memory (its calls
+        # stay on disk, read back if it goes on or is released later).
+        self.rollout_ttl_s = rollout_ttl_s
         self.gateway = Gateway()
         self.server = GatewayServer(self.gateway, host=host, port=port)
         self._models: dict[str, _Registered] = {}
