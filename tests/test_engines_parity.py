@@ -18,6 +18,7 @@ from lora_support import make_adapter
 from rollout_checks import WEATHER_TOOL, assert_rollouts_isolated_and_exact, three_turn_rollout
 
 import art_core as art
+from art_core.engines.base import EngineError, GenerationRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -194,3 +195,28 @@ async def test_concurrent_seeded_requests_keep_the_engine_alive(
         model=model.name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
     )
     assert again.choices[0].finish_reason in ("stop", "length")
+
+
+async def test_a_bad_request_fails_alone_among_concurrent_ones(
+    served: tuple[art.LocalBackend, art.TrainableModel],
+) -> None:
+    """Values that fail inside the engine (a seed beyond 64 bits, a token id outside the
+    vocabulary) sent at the same moment as good requests: only they fail."""
+    backend, model = served
+    engine = backend.engine(model)
+    prompt = list(engine.tokenizer("Tell me a story.", add_special_tokens=False)["input_ids"])
+    good = SamplingParams(max_tokens=8, temperature=1.0, seed=5)
+    requests = [
+        GenerationRequest(prompt, good),
+        GenerationRequest(prompt, SamplingParams(max_tokens=8, seed=2**64)),
+        GenerationRequest([*prompt, 10**8], good),
+        GenerationRequest(prompt, SamplingParams(max_tokens=8, n=2, seed=6)),
+    ]
+
+    async def all_at_once() -> list[object]:
+        return await asyncio.gather(*(engine.generate(r) for r in requests), return_exceptions=True)
+
+    first, seed, vocab, pair = await backend.server.call(all_at_once())
+    assert isinstance(seed, EngineError) and isinstance(vocab, EngineError), (seed, vocab)
+    assert isinstance(first, list) and len(first) == 1 and first[0].token_ids
+    assert isinstance(pair, list) and len(pair) == 2

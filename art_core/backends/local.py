@@ -74,6 +74,7 @@ class LocalBackend(BackendBase):
         engine: str = "auto",
         host: str = "127.0.0.1",
         port: int = 0,
+        rollout_ttl_s: float = 1800.0,
         device: str | None = None,
         dtype: str | None = None,
         max_batch_size: int = 32,
@@ -87,6 +88,9 @@ class LocalBackend(BackendBase):
         self.dtype = dtype
         self.max_batch_size = max_batch_size
         self.default_max_tokens = default_max_tokens
+        # A rollout not released this long after its last call leaves memory (its calls
+        # stay on disk, read back if it goes on or is released later).
+        self.rollout_ttl_s = rollout_ttl_s
         self.gateway = Gateway()
         self.server = GatewayServer(self.gateway, host=host, port=port)
         self._models: dict[str, _Registered] = {}
@@ -163,7 +167,9 @@ class LocalBackend(BackendBase):
         latest = folder.latest_checkpoint()
         if latest is not None:
             await self.server.call(engine.load_adapter(latest[1], latest[0]))
-        store = await asyncio.to_thread(CallStore, folder.calls_db)
+        store = await asyncio.to_thread(
+            functools.partial(CallStore, folder.calls_db, rollout_ttl_s=self.rollout_ttl_s)
+        )
         served = ServedModel(
             name=model.name,
             engine=engine,

@@ -122,6 +122,41 @@ class EngineError(Exception):
     """A request the engine cannot serve (bad grammar, prompt too long); maps to HTTP 400."""
 
 
+# A seed is a signed 64-bit integer (vLLM's range); the transformers engine seeds choice i
+# with seed + i, which torch accepts up to 2**64 - 1.
+SEED_RANGE = (-(2**63), 2**63 - 1)
+
+
+def check_request(request: GenerationRequest, vocab_size: int | None = None) -> None:
+    """``EngineError`` for a value that would fail inside the engine, checked before the
+    request joins a batch (where its failure would fail the others' rows too).
+
+    Example:
+        >>> check_request(GenerationRequest([1], SamplingParams(seed=2**64)))
+        Traceback (most recent call last):
+        ...
+        art_core.engines.base.EngineError: seed must be a signed 64-bit integer, got 18446744073709551616
+    """
+    params = request.params
+    low, high = SEED_RANGE
+    if params.seed is not None and not low <= params.seed <= high:
+        raise EngineError(f"seed must be a signed 64-bit integer, got {params.seed}")
+    if params.n < 1 or params.max_tokens < 1:
+        raise EngineError(f"n and max_tokens must be >= 1, got {params.n}, {params.max_tokens}")
+    if not (params.temperature >= 0 and 0 < params.top_p <= 1 and params.top_k >= 0):
+        raise EngineError(
+            "temperature must be >= 0, top_p in (0, 1] and top_k >= 0, got "
+            f"{params.temperature}, {params.top_p}, {params.top_k}"
+        )
+    if params.top_logprobs < 0 or (vocab_size is not None and params.top_logprobs > vocab_size):
+        raise EngineError(f"top_logprobs out of range: {params.top_logprobs}")
+    ids = request.prompt_token_ids
+    if vocab_size is not None and ids and (min(ids) < 0 or max(ids) >= vocab_size):
+        raise EngineError(
+            f"the prompt holds token ids outside the vocabulary (0..{vocab_size - 1})"
+        )
+
+
 class ServesAdapters:
     """The adapter accessors every engine offers, read from its ``AdapterRegistry``."""
 

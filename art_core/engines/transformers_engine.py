@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +29,7 @@ from art_core.engines.base import (
     GenerationResult,
     SamplingParams,
     ServesAdapters,
+    check_request,
 )
 from art_core.engines.lora import LoraServer, UnsupportedAdapter
 from art_core.engines.packed import pack_linears, packing_supported
@@ -46,6 +47,11 @@ class _Pending:
     adapter: AdapterInfo | None = None
     rows: list[_Row] = field(default_factory=list)
     remaining: int = 0
+    # Set when this request failed on its own (a value the engine could not use): its rows
+    # leave the batch at the next step; the other requests' rows go on.
+    failed: bool = False
+    # Its grammar, compiled (before it was queued): each row follows a copy.
+    grammar: Any | None = None
 
 
 @dataclass
@@ -103,6 +109,12 @@ class TransformersEngine(ServesAdapters):
         self._lora: LoraServer | None = None
         self._ll_tokenizer: Any = None
         self._ll_lock = threading.Lock()
+        # Compiled grammars by text (agents force the same tool call again and again): each
+        # row gets a copy of the compiled matcher instead of compiling it again.
+        self._grammars: OrderedDict[str, Any] = OrderedDict()
+        self._grammar_cache_size = 64
+        self._grammar_cache_chars = 4 * 1024 * 1024  # grammar text kept as keys, at most
+        self._vocab_size: int | None = None
         self._eos_ids: set[int] = set()
         self._pad_id = 0
         self._adapters = AdapterRegistry(max_loaded_adapters)
@@ -138,6 +150,8 @@ class TransformersEngine(ServesAdapters):
             packed = pack_linears(model)
             logger.debug("pre-packed %d linear layers for oneDNN", packed)
         self._lora = LoraServer(model)
+        embeddings: Any = model.get_input_embeddings()
+        self._vocab_size = int(embeddings.num_embeddings)
         self.context_length = chat.context_length
         self._eos_ids = chat.eos_token_ids
         self._pad_id = chat.pad_token_id
@@ -190,14 +204,31 @@ class TransformersEngine(ServesAdapters):
         if self._wake is None:
             raise EngineError("the engine is not started")
         self._check_request(request)
+        grammar = request.params.grammar
+        compiled = None
+        if grammar is not None:
+            compiled = (
+                self._compiled(grammar)  # a lookup
+                if self._grammar_cached(grammar)
+                else await asyncio.to_thread(self._compiled, grammar)  # CPU work: off the loop
+            )
         loop = asyncio.get_running_loop()
-        pending = _Pending(request=request, future=loop.create_future(), loop=loop)
+        pending = _Pending(
+            request=request, future=loop.create_future(), loop=loop, grammar=compiled
+        )
         with self._queue_lock:
             self._queue.append(pending)
         self._wake.set()
         return await pending.future
 
     def _check_request(self, request: GenerationRequest) -> None:
+        check_request(request, self._vocab_size)
+        if request.params.n > self.max_batch_size:
+            # It could never join a batch: it would wait forever at the head of the queue.
+            raise EngineError(
+                f"n={request.params.n} is more than this engine's batch size "
+                f"({self.max_batch_size})"
+            )
         prompt_len = len(request.prompt_token_ids)
         if prompt_len == 0:
             raise EngineError("the prompt is empty")
@@ -207,10 +238,6 @@ class TransformersEngine(ServesAdapters):
                 f"{request.params.max_tokens}, more than the context length "
                 f"{self.context_length}"
             )
-        if request.params.grammar is not None:
-            matcher = self._matcher(request.params.grammar)
-            if matcher.is_error():
-                raise EngineError(f"invalid grammar / schema: {matcher.get_error()}")
 
     async def pause(self) -> None:
         """Finish the running batch; hold new requests in the queue until ``resume``."""
@@ -348,33 +375,70 @@ class TransformersEngine(ServesAdapters):
         return batch
 
     # ----------------------------------------------------------------------------- sampling
-    def _matcher(self, grammar: str) -> Any:
+    def _grammar_cached(self, grammar: str) -> bool:
+        with self._ll_lock:
+            return grammar in self._grammars
+
+    def _compiled(self, grammar: str) -> Any:
+        """The compiled matcher of ``grammar`` (cached; rows use copies); ``EngineError`` when
+        it does not compile."""
         import llguidance
         import llguidance.hf
 
         with self._ll_lock:
+            if grammar in self._grammars:
+                self._grammars.move_to_end(grammar)
+                return self._grammars[grammar]
             if self._ll_tokenizer is None:
                 n_vocab = int(self._base_model.get_output_embeddings().weight.shape[0])
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(
                     self.tokenizer, n_vocab=n_vocab, eos_token=sorted(self._eos_ids)
                 )
-        return llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise EngineError(f"invalid grammar / schema: {matcher.get_error()}")
+        if len(grammar) > self._grammar_cache_chars // 16:
+            return matcher  # too large to keep: compiled again when sent again
+        with self._ll_lock:
+            self._grammars[grammar] = matcher
+            while len(self._grammars) > self._grammar_cache_size or (
+                sum(map(len, self._grammars)) > self._grammar_cache_chars
+            ):
+                self._grammars.popitem(last=False)
+        return matcher
 
     def _rows(self, batch: list[_Pending]) -> list[_Row]:
+        """The rows of each request; a request whose rows cannot be set up fails alone."""
         rows: list[_Row] = []
         for pending in batch:
-            params = pending.request.params
-            pending.remaining = params.n
-            for choice in range(params.n):
-                generator = None
-                if params.seed is not None:
-                    generator = torch.Generator(device="cpu").manual_seed(params.seed + choice)
-                matcher = self._matcher(params.grammar) if params.grammar else None
-                row = _Row(pending, choice, params, generator, matcher)
-                pending.rows.append(row)
-                rows.append(row)
+            try:
+                own = self._rows_of(pending)
+            except Exception as exc:
+                self._fail(pending, exc)
+                continue
+            pending.rows += own
+            rows += own
         self.rows_served += len(rows)
         return rows
+
+    def _rows_of(self, pending: _Pending) -> list[_Row]:
+        params = pending.request.params
+        pending.remaining = params.n
+        rows = []
+        for choice in range(params.n):
+            generator = None
+            if params.seed is not None:
+                generator = torch.Generator(device="cpu").manual_seed(params.seed + choice)
+            matcher = pending.grammar.deep_copy() if pending.grammar is not None else None
+            rows.append(_Row(pending, choice, params, generator, matcher))
+        return rows
+
+    @staticmethod
+    def _fail(pending: _Pending, exc: BaseException) -> None:
+        """Fail one request alone: its rows leave the batch, the others' go on."""
+        logger.warning("a request failed inside its batch (the others go on): %r", exc)
+        pending.failed = True
+        _resolve(pending, exc)
 
     def _run_batch(self, batch: list[_Pending]) -> None:
         adapter = batch[0].adapter
@@ -450,44 +514,54 @@ class TransformersEngine(ServesAdapters):
 
     @torch.inference_mode()
     def _decode(self, batch: list[_Pending], joined: list[_Pending]) -> None:
-        state = self._prefill(self._rows(batch))
+        rows = self._rows(batch)
+        if not rows:
+            return
+        state = self._prefill(rows)
         key = batch[0].adapter.name if batch[0].adapter else "base"
         while True:
             next_ids = self._sample(state.logits, state.rows)
             sampled = next_ids.tolist()
-            keep = [j for j, row in enumerate(state.rows) if not self._advance(row, sampled[j])]
+            keep = [
+                j
+                for j, row in enumerate(state.rows)
+                if not row.pending.failed and not self._advance(row, sampled[j])
+            ]
             state.select(keep)
             if keep:
                 state.step(self.model, next_ids[keep])
-            newcomers = (
-                [] if self._paused else self._take_batch(key, self.max_batch_size - len(keep))
-            )
-            if newcomers:
+            new_rows: list[_Row] = []
+            while not new_rows and not self._paused:
+                newcomers = self._take_batch(key, self.max_batch_size - len(keep))
+                if not newcomers:
+                    break
                 joined.extend(newcomers)
-                state = (
-                    state.merge(self._prefill(self._rows(newcomers)))
-                    if keep
-                    else self._prefill(self._rows(newcomers))
-                )
+                new_rows = self._rows(newcomers)  # empty when each failed on its own
+            if new_rows:
+                fresh = self._prefill(new_rows)
+                state = state.merge(fresh) if keep else fresh
             elif not keep:
                 return
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         """One token per row, honouring each row's own sampling parameters and grammar."""
-        settings = [
-            RowSampling(
-                temperature=row.params.temperature,
-                top_k=row.params.top_k,
-                top_p=row.params.top_p,
-                generator=row.generator,
-                allowed=(
-                    self._allowed(row.matcher, logits.shape[-1])
-                    if row.matcher is not None
-                    else None
-                ),
+        settings = []
+        for row in rows:
+            allowed = None
+            if row.matcher is not None and not row.pending.failed:
+                try:
+                    allowed = self._allowed(row.matcher, logits.shape[-1])
+                except Exception as exc:  # this row's grammar broke: it fails alone
+                    self._fail(row.pending, exc)
+            settings.append(
+                RowSampling(
+                    temperature=row.params.temperature,
+                    top_k=row.params.top_k,
+                    top_p=row.params.top_p,
+                    generator=row.generator,
+                    allowed=allowed,
+                )
             )
-            for row in rows
-        ]
         tokens, logprobs = sample_next_tokens(logits, settings)
         chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
         for j, row in enumerate(rows):
@@ -508,7 +582,11 @@ class TransformersEngine(ServesAdapters):
 
     def _advance(self, row: _Row, token: int) -> bool:
         """Record a sampled token; True when the row is finished (and then report it)."""
-        done = self._record(row, token)
+        try:
+            done = self._record(row, token)
+        except Exception as exc:  # e.g. its streaming callback: this request fails alone
+            self._fail(row.pending, exc)
+            return True
         if done:
             self._finish(row)
         return done

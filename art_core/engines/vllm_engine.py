@@ -32,6 +32,7 @@ from art_core.engines.base import (
     GenerationResult,
     SamplingParams,
     ServesAdapters,
+    check_request,
 )
 from art_core.engines.tokenizer import load_chat_tokenizer
 from art_core.engines.vllm_runtime import has_cuda, runtime_python
@@ -288,6 +289,9 @@ class VLLMEngine(ServesAdapters):
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
         if self._client is None:
             raise EngineError("the engine is not started")
+        # vLLM batches requests itself and refuses a bad value for that request alone; these
+        # are refused here too, before a round trip (and whatever vLLM version runs).
+        check_request(request)
         prompt_len = len(request.prompt_token_ids)
         if prompt_len + request.params.max_tokens > self.context_length:
             raise EngineError(

@@ -23,17 +23,20 @@ from starlette.routing import Route
 
 from art_core.engines.base import Engine, EngineError
 from art_core.engines.tokenizer import ChatTokenizer
-from art_core.gateway.body import DEFAULT_MAX_BODY_BYTES, read_json_object
-from art_core.gateway.errors import APIError
+from art_core.gateway.body import DEFAULT_MAX_BODY_BYTES, read_body
+from art_core.gateway.errors import APIError, internal_error, scrub_paths
 from art_core.gateway.prompts import PromptBuilder
 from art_core.gateway.recording import sample_and_record
-from art_core.gateway.requests import parse_chat_request, prepare_call, request_metadata
-from art_core.gateway.responses import ResponseShaper
+from art_core.gateway.requests import DEFAULT_MAX_METADATA_BYTES, prepare_call, read_request
+from art_core.gateway.responses import ResponseShaper, completion_response
+from art_core.gateway.schemas import SchemaChecks
 from art_core.gateway.store import CallStore
 from art_core.gateway.streaming import stream_completion
+from art_core.gateway.timing import StageClock, StageLog
 
 logger = logging.getLogger(__name__)
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+ADAPTER_STEP = re.compile(r"[0-9]{1,9}")  # ASCII digits only: str.isdigit() accepts '²'
 # Called with a model name the gateway does not serve, before answering 404: a service
 # loads models registered before a restart this way.
 ModelLoader = Callable[[str], Awaitable[None]]
@@ -71,21 +74,37 @@ class Gateway:
         self,
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
         model_loader: ModelLoader | None = None,
     ) -> None:
         self.models: dict[str, ServedModel] = {}
         self.max_body_bytes = max_body_bytes
+        self.max_metadata_bytes = max_metadata_bytes
+        # JSON Schemas that passed the (slow) check, by content: agents resend the same tools.
+        self.schema_checks = SchemaChecks()
         self.model_loader = model_loader
+        # Set to a StageLog to record where each request's time goes (the benchmark does).
+        self.stage_log: StageLog | None = None
         self.routes = []
         for prefix in ("", "/rollouts/{rollout_id}"):
             self.routes += [
-                Route(f"{prefix}/v1/models", self.list_models, methods=["GET"]),
-                Route(f"{prefix}/v1/models/{{model_id:path}}", self.get_model, methods=["GET"]),
-                Route(f"{prefix}/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route(f"{prefix}/v1/models", answered(self.list_models), methods=["GET"]),
+                Route(
+                    f"{prefix}/v1/models/{{model_id:path}}",
+                    answered(self.get_model),
+                    methods=["GET"],
+                ),
+                Route(
+                    f"{prefix}/v1/chat/completions",
+                    answered(self.chat_completions),
+                    methods=["POST"],
+                ),
             ]
-        self.routes.append(Route("/health", self.health, methods=["GET"]))
-        # APIError has its own handler: one registered only for Exception re-raises after
-        # answering, which makes uvicorn log an error and close the keep-alive connection.
+        self.routes.append(Route("/health", answered(self.health), methods=["GET"]))
+        # Routes answer their own errors (``answered``); these handlers are the last resort
+        # for errors raised outside them. APIError has its own: one registered only for
+        # Exception re-raises after answering, which makes uvicorn log an error and close the
+        # keep-alive connection.
         self.app = Starlette(
             routes=self.routes,
             exception_handlers={APIError: self.on_api_error, Exception: self.on_internal_error},
@@ -105,9 +124,7 @@ class Gateway:
     @staticmethod
     async def on_internal_error(request: Request, exc: Exception) -> Response:
         logger.exception("internal error on %s", request.url.path)
-        return APIError(
-            500, f"internal error: {type(exc).__name__}: {exc}", type="server_error"
-        ).response()
+        return internal_error(exc).response()
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "models": sorted(self.models)})
@@ -149,7 +166,7 @@ class Gateway:
             )
         if not step:
             return served, None
-        adapter = served.engine.adapter(int(step)) if step.isdigit() else None
+        adapter = served.engine.adapter(int(step)) if ADAPTER_STEP.fullmatch(step) else None
         if adapter is None:
             raise APIError(
                 404,
@@ -161,28 +178,65 @@ class Gateway:
         return served, adapter.name
 
     async def chat_completions(self, request: Request) -> Response:
+        clock = StageClock() if self.stage_log is not None else None
         rollout = rollout_id(request)
-        payload = await read_json_object(request, self.max_body_bytes)
-        chat = parse_chat_request(payload)
-        served, adapter = await self.resolve(chat.model)
-        metadata = request_metadata(chat, request.headers.get("x-art-metadata"))
-        call = await prepare_call(
-            served, adapter, chat, payload, rollout_id=rollout, metadata=metadata
+        raw = await read_body(request, self.max_body_bytes)
+        parsed = await read_request(
+            raw,
+            request.headers.get("x-art-metadata"),
+            schema_checks=self.schema_checks,
+            max_metadata_bytes=self.max_metadata_bytes,
         )
-        if chat.stream:
+        if clock:
+            clock.mark("parse")
+        served, adapter = await self.resolve(parsed.chat.model)
+        call = await prepare_call(served, adapter, parsed, rollout_id=rollout)
+        if parsed.chat.stream:
             return StreamingResponse(
                 stream_completion(call),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
+        if clock:
+            clock.mark("prepare")
+            call.clock = clock
         shaper = ResponseShaper(call)
         # Shielded: a client that hangs up does not cancel the sampling or the recording.
         task = asyncio.ensure_future(sample_and_record(call))
         try:
             calls = await asyncio.shield(task)
         except EngineError as exc:
-            raise APIError(400, str(exc)) from None
-        return JSONResponse(shaper.completion(calls))
+            raise APIError(400, scrub_paths(str(exc))) from None
+        response = completion_response(shaper.completion(calls))
+        if clock and self.stage_log is not None:
+            clock.mark("respond")
+            self.stage_log.add(clock)
+        return response
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def answered(endpoint: Endpoint) -> Endpoint:
+    """``endpoint`` answering its own errors: ``APIError`` as itself, anything else as a 500
+    (logged, without paths). Returning the answer, rather than letting Starlette's error
+    middleware send it and re-raise, keeps the client's keep-alive connection open.
+
+    Example:
+        >>> Route("/health", answered(gateway.health))  # doctest: +SKIP
+    """
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except APIError as exc:
+            return exc.response()
+        except Exception as exc:
+            logger.exception("internal error on %s", request.url.path)
+            return internal_error(exc).response()
+
+    guarded.__name__ = getattr(endpoint, "__name__", "endpoint")
+    return guarded
 
 
 def _model_card(model_id: str) -> dict[str, Any]:

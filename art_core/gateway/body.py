@@ -1,10 +1,19 @@
-"""Request bodies: read once, bounded, parsed once.
+"""Request bodies: read once, bounded, parsed once, and only into plain, storable JSON.
 
 ``BodyLimit`` (ASGI middleware) answers 413 for a body over the limit, declared or streamed,
-before anything else reads it, and leaves the bytes in ``scope["art.body"]``;
-``read_json_object`` parses them (or reads the body itself when no middleware did, with the
-same bound). uvicorn keeps reading (and discarding) a body the app did not consume, so
-answering early is safe for the client.
+before anything else reads it, and leaves the bytes in ``scope["art.body"]``; ``read_body``
+returns them (or reads the body itself when no middleware did, with the same bound).
+uvicorn keeps reading (and discarding) a body the app did not consume, so answering early is
+safe for the client.
+
+``parse_json`` is the one JSON parser for what callers send (bodies of every route, JSON in
+headers): it refuses, as ``InvalidJSON`` (a 400), what would only fail later, after work was
+done for it: nesting deeper than ``MAX_JSON_DEPTH`` (a ``RecursionError`` in whatever walks it
+next) and lone UTF-16 surrogates (text that cannot be encoded to UTF-8, so cannot be recorded
+or answered). orjson parses (several times faster than ``json`` on large bodies, and strict:
+it refuses both by itself); JSON's ``NaN`` / ``Infinity``, which clients such as Python's
+``json.dumps`` write for a logprob of -inf, fall back to the standard parser and are then
+checked the same way.
 """
 
 from __future__ import annotations
@@ -12,12 +21,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from art_core.gateway.errors import APIError, error_body, send_json
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+# Deeper JSON is refused: far beyond any request's real shape (a tool schema nested ten
+# levels is ~25 deep), far below where recursive code (pydantic, serializers) gives up.
+MAX_JSON_DEPTH = 64
 
 BODY_SCOPE_KEY = "art.body"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -97,6 +110,124 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+class InvalidJSON(ValueError):
+    """Text a caller sent that is not JSON we accept; its message names what was wrong."""
+
+
+def parse_json(raw: bytes | str, *, what: str = "the body", max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse JSON a caller sent; ``InvalidJSON`` for bad syntax, deep nesting or bad text.
+
+    Example:
+        >>> parse_json(b'{"a": [1, -Infinity]}')
+        {'a': [1, -inf]}
+        >>> parse_json('{"a": "\\ud800"}')
+        Traceback (most recent call last):
+        ...
+        art_core.gateway.body.InvalidJSON: the body is not valid JSON: ...
+    """
+    try:
+        value = orjson.loads(raw)
+        strict = True
+    except orjson.JSONDecodeError as exc:
+        if "depth" in str(exc) or "surrogate" in str(exc):
+            raise InvalidJSON(_problem(what, exc, max_depth)) from None
+        try:  # NaN / Infinity, which orjson refuses
+            value = json.loads(raw)
+        except (ValueError, RecursionError) as fallback:
+            raise InvalidJSON(f"{what} is not valid JSON: {_short(exc, fallback)}") from None
+        strict = False
+    check_json_value(value, what=what, max_depth=max_depth, check_text=not strict)
+    return value
+
+
+def check_json_value(
+    value: Any, *, what: str = "the body", max_depth: int = MAX_JSON_DEPTH, check_text: bool = True
+) -> None:
+    """``InvalidJSON`` when ``value`` nests deeper than ``max_depth`` or (``check_text``)
+    holds a string that is not valid Unicode (a lone surrogate). Iterative: any depth is safe.
+
+    Example:
+        >>> check_json_value({"a": [[1]]}, max_depth=2)
+        Traceback (most recent call last):
+        ...
+        art_core.gateway.body.InvalidJSON: the body nests deeper than 2 levels
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.items()
+        elif isinstance(item, list):
+            children = ((None, child) for child in item)
+        else:
+            if check_text and isinstance(item, str):
+                _check_text(item, what)
+            continue
+        if depth >= max_depth:
+            raise InvalidJSON(f"{what} nests deeper than {max_depth} levels")
+        for key, child in children:
+            if check_text and key is not None:
+                _check_text(key, what)
+            if isinstance(child, dict | list) or (check_text and isinstance(child, str)):
+                stack.append((child, depth + 1))
+
+
+def _check_text(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJSON(
+            f"{what} holds a lone UTF-16 surrogate (an escape such as \\ud800 without its "
+            "pair): not valid Unicode text"
+        ) from None
+
+
+def _problem(what: str, exc: Exception, max_depth: int) -> str:
+    if "depth" in str(exc):
+        return f"{what} nests deeper than {max_depth} levels"
+    return (
+        f"{what} is not valid JSON: it holds a lone UTF-16 surrogate (an escape such as "
+        "\\ud800 without its pair)"
+    )
+
+
+def _short(exc: Exception, fallback: Exception) -> str:
+    if isinstance(fallback, RecursionError):
+        return "nested too deeply"
+    return str(exc)
+
+
+async def read_body(request: Request, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> bytes:
+    """The request's body bytes, read once (``BodyLimit``'s copy when it ran); 413 over the
+    limit.
+
+    Example:
+        >>> raw = await read_body(request)  # doctest: +SKIP
+    """
+    body = request.scope.get(BODY_SCOPE_KEY)
+    if body is None:
+        body = await request.body()
+        if len(body) > max_bytes:
+            raise APIError(413, too_large_message(max_bytes), code="request_too_large")
+    return bytes(body)
+
+
+def parse_json_object(raw: bytes | str, *, what: str = "the body") -> dict[str, Any]:
+    """``raw`` as a JSON object (see ``parse_json``); ``APIError`` 400 otherwise.
+
+    Example:
+        >>> parse_json_object(b'{"model": "m"}')
+        {'model': 'm'}
+    """
+    try:
+        payload = parse_json(raw, what=what)
+    except InvalidJSON as exc:
+        raise APIError(400, str(exc)) from None
+    if not isinstance(payload, dict):
+        raise APIError(400, f"{what} must be a JSON object")
+    return payload
+
+
 async def read_json_object(
     request: Request, max_bytes: int = DEFAULT_MAX_BODY_BYTES
 ) -> dict[str, Any]:
@@ -105,15 +236,4 @@ async def read_json_object(
     Example:
         >>> payload = await read_json_object(request)  # doctest: +SKIP
     """
-    body = request.scope.get(BODY_SCOPE_KEY)
-    if body is None:
-        body = await request.body()
-        if len(body) > max_bytes:
-            raise APIError(413, too_large_message(max_bytes), code="request_too_large")
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"the body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise APIError(400, "the body must be a JSON object")
-    return payload
+    return parse_json_object(await read_body(request, max_bytes))

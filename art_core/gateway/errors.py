@@ -7,6 +7,7 @@ Messages name what was wrong and never include server paths or tracebacks.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -24,6 +25,40 @@ def error_body(
         'no'
     """
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+# An absolute filesystem path (two or more segments), as exceptions of file and import
+# machinery write them; URL paths are not matched (they follow a host or a space-less word).
+_SERVER_PATH = re.compile(r"(?<![\w.:/])(?:/[\w.@+-]+){2,}/?")
+
+
+def scrub_paths(message: str) -> str:
+    """``message`` with absolute server paths replaced by ``<path>``: an error body tells
+    what was wrong, never where the server keeps its files.
+
+    Example:
+        >>> scrub_paths("No such file: '/srv/art/models/m/calls.sqlite'")
+        "No such file: '<path>'"
+    """
+    return _SERVER_PATH.sub("<path>", message)
+
+
+def internal_error(exc: BaseException) -> APIError:
+    """The 500 answered for an unexpected exception: its kind, no traceback, no paths.
+
+    Example:
+        >>> internal_error(KeyError("x")).message
+        "internal error (KeyError: 'x'); the server's log has the details"
+    """
+    detail = scrub_paths(str(exc))[:200]
+    kind = type(exc).__name__
+    return APIError(
+        500,
+        f"internal error ({kind}: {detail}); the server's log has the details"
+        if detail
+        else f"internal error ({kind}); the server's log has the details",
+        type="server_error",
+    )
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -10,9 +10,15 @@ it produced, and the trainer can merge the calls into one token-exact sequence.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
+
+import orjson
 
 from art_core.trajectories import LLMCall
 
@@ -75,27 +81,75 @@ def _same_answer(sent: dict[str, Any], returned: dict[str, Any]) -> bool:
 class PromptBuilder:
     """Renders chat requests with the tokenizer's template and encodes them to ids.
 
+    A rollout's next call renders its previous call's messages again (to find where the
+    sampled ids go): renders are remembered by content (``render_cache_chars`` of text at
+    most), so each conversation state is rendered once. Text is encoded by the fast tokenizer's
+    backend directly (the ids ``tokenizer(text)`` gives, without its per-call overhead, and
+    without holding the GIL, so a long prompt on a worker thread does not stall the loop).
+
     Example:
         >>> builder = PromptBuilder(tokenizer, eos_token_ids={2})  # doctest: +SKIP
         >>> ids = builder.build([{"role": "user", "content": "hi"}], tools=None, history=[])  # doctest: +SKIP
     """
 
-    def __init__(self, tokenizer: Any, eos_token_ids: set[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        eos_token_ids: set[int],
+        *,
+        render_cache_chars: int = 32 * 1024 * 1024,
+    ) -> None:
         self.tokenizer = tokenizer
+        # Rendered prompts by content, newest last, at most render_cache_chars in all (a text
+        # over a sixteenth of it is not kept).
+        self._rendered: OrderedDict[bytes, str] = OrderedDict()
+        self._rendered_chars = 0
+        self._render_cache_chars = render_cache_chars
+        self._lock = threading.Lock()
         self.eos_token_ids = eos_token_ids
         self._eos_texts = sorted(
             {tokenizer.decode([i], skip_special_tokens=False) for i in eos_token_ids} - {""},
             key=len,
             reverse=True,
         )
+        self.max_token_chars  # noqa: B018 - computed once here, not on a request's path
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for (its longest vocabulary entry): a text of
+        more than ``n * max_token_chars`` characters has more than ``n`` tokens."""
+        vocab = self.tokenizer.get_vocab()
+        return max((len(token) for token in vocab), default=1)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        text = self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+        """The prompt text of ``messages`` (normalized) with ``tools``, from the cache when
+        this conversation state was rendered before."""
+        key = hashlib.blake2b(orjson.dumps([messages, tools or None]), digest_size=16).digest()
+        with self._lock:
+            text = self._rendered.get(key)
+            if text is not None:
+                self._rendered.move_to_end(key)
+                return text
+        text = str(
+            self.tokenizer.apply_chat_template(
+                messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+            )
         )
-        return str(text)
+        if len(text) > self._render_cache_chars // 16:
+            return text
+        with self._lock:
+            if key not in self._rendered:
+                self._rendered[key] = text
+                self._rendered_chars += len(text)
+            while self._rendered_chars > self._render_cache_chars:
+                self._rendered_chars -= len(self._rendered.popitem(last=False)[1])
+        return text
 
     def encode(self, text: str) -> list[int]:
+        """``text``'s ids, as ``tokenizer(text, add_special_tokens=False)`` gives them."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and backend.truncation is None and backend.padding is None:
+            return list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def build(

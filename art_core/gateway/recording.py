@@ -29,9 +29,12 @@ async def sample_and_record(
         GenerationRequest(call.prompt_ids, call.params, adapter=call.adapter, on_tokens=on_tokens)
     )
     latency = time.time() - started
+    if call.clock:
+        call.clock.mark("queue+engine")
     calls = [to_llm_call(call, result, started, latency) for result in results]
-    for recorded in calls:
-        await call.served.store.record(recorded)
+    await call.served.store.record_request(calls)
+    if call.clock:
+        call.clock.mark("record")
     return calls
 
 

@@ -1,33 +1,60 @@
 """From an OpenAI chat-completion request to what the engine runs: token ids and params.
 
-``prepare_call`` validates the body, resolves the model (and adapter step) it names, renders
-the messages with the chat template (splicing the ids of earlier calls of the rollout),
-checks the context, and compiles ``tool_choice`` / ``response_format`` into a grammar.
-Everything that can fail for the request's own reasons fails here, as a 4xx, before any
-sampling starts.
+``read_request`` parses and validates the body (and the ``x-art-metadata`` header);
+``prepare_call`` renders the messages with the chat template (splicing the ids of earlier
+calls of the rollout), checks the context, and compiles ``tool_choice`` / ``response_format``
+into a grammar. Everything that can fail for the request's own reasons fails here, as a 4xx,
+before any sampling starts.
+
+Nothing CPU-heavy runs on the server's event loop: a small request (the usual agent turn) is
+parsed, validated and rendered in place, which costs less than handing it to a thread; a
+large body, a JSON Schema not checked before, or a long prompt goes to a worker thread. A
+prompt that cannot fit the context is refused by its length before it is tokenized.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from pydantic import ValidationError
 
 from art_core.engines.base import SamplingParams
+from art_core.gateway.body import parse_json_object
 from art_core.gateway.errors import APIError, validation_message
 from art_core.gateway.grammar import json_grammar, tool_call_grammar
 from art_core.gateway.prompts import normalize_message
-from art_core.gateway.schemas import ChatCompletionRequest, NamedToolChoice
+from art_core.gateway.schemas import (
+    ChatCompletionRequest,
+    NamedToolChoice,
+    SchemaChecks,
+    schema_is_checked,
+)
+from art_core.gateway.timing import StageClock
 
 if TYPE_CHECKING:
     from art_core.gateway.app import ServedModel
 
 # Fields of the request that are recorded with each call (messages and tools are recorded in
-# their own fields; streaming options do not change what was sampled).
-_NOT_RECORDED = frozenset({"messages", "tools", "stream", "stream_options"})
+# their own fields, metadata in the call's metadata; streaming options do not change what was
+# sampled).
+_NOT_RECORDED = frozenset({"messages", "tools", "stream", "stream_options", "metadata"})
+# Up to these sizes a request is parsed, validated and rendered on the event loop (well
+# under a millisecond); beyond them, on a worker thread.
+INLINE_BODY_BYTES = 32 * 1024
+INLINE_PROMPT_CHARS = 16 * 1024
+DEFAULT_MAX_METADATA_BYTES = 64 * 1024
+
+
+@dataclass
+class ChatRequest:
+    """A parsed, validated request: the body as sent, its model, and the call's metadata."""
+
+    payload: dict[str, Any]
+    chat: ChatCompletionRequest
+    metadata: dict[str, Any]
 
 
 @dataclass
@@ -45,6 +72,7 @@ class PreparedCall:
     params: SamplingParams
     adapter: str | None
     index: int = 0
+    clock: StageClock | None = None  # where the time goes, when the gateway records it
 
     @property
     def parses_tools(self) -> bool:
@@ -52,26 +80,96 @@ class PreparedCall:
         return bool(self.tools) and self.chat.tool_choice != "none"
 
 
-def parse_chat_request(payload: dict[str, Any]) -> ChatCompletionRequest:
+async def read_request(
+    raw: bytes,
+    header: str | None,
+    *,
+    schema_checks: SchemaChecks,
+    max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
+) -> ChatRequest:
+    """Parse and validate a chat-completion body (on the loop when it is cheap, else on a
+    worker thread); ``APIError`` 400 naming what was wrong. ``schema_checks`` remembers the
+    JSON Schemas that passed.
+
+    Example:
+        >>> request = await read_request(raw, None, schema_checks=SchemaChecks())  # doctest: +SKIP
+    """
+    if len(raw) + len(header or "") > INLINE_BODY_BYTES:
+        return await asyncio.to_thread(
+            _read_request, raw, header, schema_checks, max_metadata_bytes
+        )
+    payload = parse_json_object(raw)
+    if _unchecked_schemas(payload, schema_checks):
+        return await asyncio.to_thread(
+            _validate_request, payload, header, schema_checks, max_metadata_bytes
+        )
+    return _validate_request(payload, header, schema_checks, max_metadata_bytes)
+
+
+def _read_request(
+    raw: bytes, header: str | None, schema_checks: SchemaChecks, max_metadata_bytes: int
+) -> ChatRequest:
+    return _validate_request(parse_json_object(raw), header, schema_checks, max_metadata_bytes)
+
+
+def _validate_request(
+    payload: dict[str, Any],
+    header: str | None,
+    schema_checks: SchemaChecks,
+    max_metadata_bytes: int,
+) -> ChatRequest:
+    chat = parse_chat_request(payload, schema_checks)
+    return ChatRequest(payload, chat, request_metadata(chat, header, max_metadata_bytes))
+
+
+def _unchecked_schemas(payload: dict[str, Any], checks: SchemaChecks) -> bool:
+    """Whether the body carries a JSON Schema not checked before (checking is slow)."""
+    schemas: list[Any] = []
+    tools = payload.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("parameters") is not None:
+            schemas.append(function["parameters"])
+    fmt = payload.get("response_format")
+    spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
+    if isinstance(spec, dict) and spec.get("schema") is not None:
+        schemas.append(spec["schema"])
+    return not all(schema_is_checked(schema, checks) for schema in schemas)
+
+
+def parse_chat_request(
+    payload: dict[str, Any], schema_checks: SchemaChecks | None = None
+) -> ChatCompletionRequest:
     """The validated request; ``APIError`` 400 naming the first bad fields otherwise."""
     try:
-        return ChatCompletionRequest.model_validate(payload)
+        return ChatCompletionRequest.model_validate(
+            payload, context={"schema_checks": schema_checks}
+        )
     except ValidationError as exc:
         message, param = validation_message(exc)
         raise APIError(400, message, param=param) from None
 
 
-def request_metadata(chat: ChatCompletionRequest, header: str | None) -> dict[str, Any]:
-    """The call's metadata: the body's ``metadata`` updated by the ``x-art-metadata`` header."""
+def request_metadata(
+    chat: ChatCompletionRequest,
+    header: str | None,
+    max_bytes: int = DEFAULT_MAX_METADATA_BYTES,
+) -> dict[str, Any]:
+    """The call's metadata: the body's ``metadata`` updated by the ``x-art-metadata`` header,
+    at most ``max_bytes`` as JSON (it is recorded with the call)."""
     metadata = dict(chat.metadata or {})
     if header:
-        try:
-            extra = json.loads(header)
-        except json.JSONDecodeError:
-            extra = None
-        if not isinstance(extra, dict):
-            raise APIError(400, "the x-art-metadata header must be a JSON object")
+        extra = parse_json_object(header, what="the x-art-metadata header")
         metadata.update(extra)
+    if metadata:
+        size = len(orjson.dumps(metadata))
+        if size > max_bytes:
+            raise APIError(
+                400,
+                f"metadata (the body's and the x-art-metadata header's) is {size} bytes as "
+                f"JSON; at most {max_bytes} are recorded with a call",
+                param="metadata",
+            )
     return metadata
 
 
@@ -117,21 +215,51 @@ def _token_limit(chat: ChatCompletionRequest, served: ServedModel, prompt_len: i
     return limit
 
 
+def _check_prompt_length(served: ServedModel, messages: list[dict[str, Any]]) -> int:
+    """The messages' length in characters; 400 when that many cannot fit the context.
+
+    A token covers at most ``max_token_chars`` characters, so a prompt of more than
+    ``context * max_token_chars`` characters is too long whatever its tokens: refused without
+    tokenizing it (a 5 MB prompt costs seconds to tokenize).
+    """
+    chars = 0
+    for message in messages:
+        chars += len(message["content"])
+        for call in message.get("tool_calls") or ():
+            chars += len(call["function"]["arguments"]) + len(call["function"]["name"])
+    context = served.engine.context_length
+    most = context * served.prompts.max_token_chars
+    if chars > most:
+        raise APIError(
+            400,
+            f"the messages have {chars} characters, more than the {most} that the model's "
+            f"context of {context} tokens can hold",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    return chars
+
+
 async def prepare_call(
     served: ServedModel,
     adapter: str | None,
-    chat: ChatCompletionRequest,
-    payload: dict[str, Any],
+    request: ChatRequest,
     *,
     rollout_id: str | None,
-    metadata: dict[str, Any],
 ) -> PreparedCall:
     """Render, tokenize and check one request for ``served`` (see the module)."""
+    chat = request.chat
     messages = [normalize_message(m.model_dump(exclude_none=True)) for m in chat.messages]
     tools = [t.model_dump(exclude_none=True) for t in chat.tools] if chat.tools else None
-    history = served.store.calls_for(rollout_id) if rollout_id else []
+    chars = _check_prompt_length(served, messages)
+    if tools:
+        chars += len(orjson.dumps(tools))
     try:
-        prompt_ids = await asyncio.to_thread(served.prompts.build, messages, tools, history)
+        if chars <= INLINE_PROMPT_CHARS and not (rollout_id and served.store.evicted(rollout_id)):
+            history = served.store.calls_for(rollout_id) if rollout_id else []
+            prompt_ids = served.prompts.build(messages, tools, history)
+        else:
+            prompt_ids = await asyncio.to_thread(_build_prompt, served, messages, tools, rollout_id)
     except Exception as exc:  # a template that cannot render these messages
         raise APIError(400, f"cannot render the messages with the chat template: {exc}") from None
     limit = _token_limit(chat, served, len(prompt_ids))
@@ -152,10 +280,21 @@ async def prepare_call(
         messages=messages,
         tools=tools,
         rollout_id=rollout_id,
-        metadata=metadata,
-        request_params={k: v for k, v in payload.items() if k not in _NOT_RECORDED},
+        metadata=request.metadata,
+        request_params={k: v for k, v in request.payload.items() if k not in _NOT_RECORDED},
         prompt_ids=prompt_ids,
         params=params,
         adapter=adapter,
         index=served.store.next_index(rollout_id),
     )
+
+
+def _build_prompt(
+    served: ServedModel,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    rollout_id: str | None,
+) -> list[int]:
+    """Prompt ids on a worker thread (the rollout's history may have to be read from disk)."""
+    history = served.store.calls_for(rollout_id) if rollout_id else []
+    return served.prompts.build(messages, tools, history)

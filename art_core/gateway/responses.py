@@ -8,9 +8,11 @@ uses, which let hand-built (ART-style) trajectories be matched to the record.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
+
+import orjson
+from starlette.responses import Response
 
 from art_core.gateway.requests import PreparedCall
 from art_core.trajectories import LLMCall, new_id
@@ -29,6 +31,7 @@ class ResponseShaper:
         self.call = call
         self.id = new_id("chatcmpl")
         self.created = int(time.time())
+        self._tokens: dict[int, str] = {}  # token id -> its text, for logprobs
 
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         """A ``chat.completion.chunk`` with these choices."""
@@ -47,9 +50,13 @@ class ResponseShaper:
             return None
         tokenizer = self.call.served.tokenizer
         top = call.metadata.get("top_logprobs") or [[] for _ in call.completion_token_ids]
+        # Each distinct id decoded once per answer (20 alternatives a token repeat a lot).
+        tokens = self._tokens
 
         def entry(token_id: int, logprob: float) -> dict[str, Any]:
-            token = tokenizer.decode([token_id], skip_special_tokens=False)
+            token = tokens.get(token_id)
+            if token is None:
+                token = tokens[token_id] = tokenizer.decode([token_id], skip_special_tokens=False)
             return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
         return {
@@ -95,9 +102,25 @@ def usage(calls: list[LLMCall]) -> dict[str, int]:
     }
 
 
+def completion_response(body: dict[str, Any]) -> Response:
+    """The JSON answer (orjson: ~10x faster than ``json`` on long token-id lists; a
+    non-finite logprob is written as ``null``).
+
+    Example:
+        >>> completion_response({"object": "chat.completion"}).body
+        b'{"object":"chat.completion"}'
+    """
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
 def sse(payload: dict[str, Any]) -> str:
-    """One server-sent event."""
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    """One server-sent event.
+
+    Example:
+        >>> sse({"a": "é"}) == 'data: {"a":"é"}\\n\\n'
+        True
+    """
+    return f"data: {orjson.dumps(payload).decode()}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"

@@ -2,19 +2,39 @@
 
 Each call is written (and committed) before its response is sent, so a rollout that crashes
 keeps every call it completed. SQLite work runs on one dedicated thread: the event loop never
-blocks on disk, and writes are serialized without extra locking.
+blocks on disk, and writes are serialized without extra locking. Requests that finish while
+a write is under way are written together, in one transaction, by the next one. A commit
+appends to the write-ahead log without waiting for the disk (``synchronous=NORMAL``: durable
+across a crash of the process, not of the machine); copying the log into the database, which
+waits for the disk, runs every ``CHECKPOINT_BYTES`` on a thread of its own, never delaying an
+answer.
+
+What a request's choices share (messages, tools, request parameters, prompt ids, metadata) is
+stored once per request, in ``requests``; each choice's row in ``calls`` holds the rest and
+points to it. Rows written before this layout hold the whole call and load as they are.
+
+A rollout's calls stay in memory until it is released; one left unreleased for
+``rollout_ttl_s`` is dropped from memory (its calls stay on disk and are read back from there
+if the rollout goes on or is released later).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import threading
+import time
 from collections import OrderedDict, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-from art_core.trajectories import LLMCall
+import pydantic_core
+
+from art_core.trajectories import LLMCall, new_id
+
+logger = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -25,7 +45,67 @@ CREATE TABLE IF NOT EXISTS calls (
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS calls_by_rollout ON calls (rollout_id, call_index);
+CREATE TABLE IF NOT EXISTS requests (
+    id TEXT PRIMARY KEY,
+    data TEXT NOT NULL
+);
 """
+# The fields every choice of one request shares: stored once, in its ``requests`` row.
+SHARED_FIELDS = frozenset({"messages", "tools", "request_params", "prompt_token_ids"})
+_SELECT = (
+    "SELECT calls.data, requests.data FROM calls "
+    "LEFT JOIN requests ON requests.id = calls.request_id "
+)
+# Written bytes between two checkpoints of the write-ahead log (SQLite's default is ~4 MB).
+CHECKPOINT_BYTES = 4 * 1024 * 1024
+# Evicted rollouts remembered (to read them back from disk when they go on); beyond this,
+# the oldest are forgotten: a rollout idle that long starts over from its next call.
+_EVICTED_REMEMBERED = 65536
+
+
+def request_rows(calls: list[LLMCall]) -> tuple[tuple[str, str], list[tuple[Any, ...]]]:
+    """The ``requests`` row and the ``calls`` rows of one request's choices.
+
+    Metadata keys whose value is the same object in every choice are the request's; the rest
+    (a choice's ``top_logprobs``) stay with the choice.
+
+    Example:
+        >>> (request_id, data), rows = request_rows([call])  # doctest: +SKIP
+    """
+    first = calls[0]
+    shared_metadata = {
+        key: value
+        for key, value in first.metadata.items()
+        if all(key in c.metadata and c.metadata[key] is value for c in calls[1:])
+    }
+    request_id = new_id("req")
+    shared = {name: getattr(first, name) for name in SHARED_FIELDS}
+    shared["metadata"] = shared_metadata
+    rows = []
+    for call in calls:
+        own = call.model_dump(exclude=set(SHARED_FIELDS))
+        own["metadata"] = {k: v for k, v in call.metadata.items() if k not in shared_metadata}
+        rows.append(
+            (
+                call.id,
+                call.rollout_id,
+                call.index,
+                call.created_at,
+                pydantic_core.to_json(own).decode(),
+                request_id,
+            )
+        )
+    return (request_id, pydantic_core.to_json(shared).decode()), rows
+
+
+def load_call(data: str, request: str | None) -> LLMCall:
+    """A call from its ``calls`` row and its request's row (None for rows of the old layout)."""
+    if request is None:
+        return LLMCall.model_validate_json(data)
+    own = pydantic_core.from_json(data)
+    shared = pydantic_core.from_json(request)
+    own["metadata"] = {**shared.pop("metadata", {}), **own.get("metadata", {})}
+    return LLMCall.model_validate({**own, **shared})
 
 
 class CallStore:
@@ -33,11 +113,13 @@ class CallStore:
 
     Example:
         >>> store = CallStore(Path(".art/demo/models/m/calls.sqlite"))  # doctest: +SKIP
-        >>> await store.record(call)  # doctest: +SKIP
+        >>> await store.record_request([call])  # doctest: +SKIP
         >>> store.calls_for("rollout_1")  # doctest: +SKIP
     """
 
-    def __init__(self, path: Path, *, recent_unscoped: int = 4096) -> None:
+    def __init__(
+        self, path: Path, *, recent_unscoped: int = 4096, rollout_ttl_s: float = 1800.0
+    ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-call-store")
@@ -47,70 +129,224 @@ class CallStore:
         self._next_index: dict[str, int] = defaultdict(int)
         self._recent: OrderedDict[str, LLMCall] = OrderedDict()
         self._recent_limit = recent_unscoped
+        self.rollout_ttl_s = rollout_ttl_s
+        # Live rollouts by last activity (oldest first), and evicted ones (their next index).
+        self._active: OrderedDict[str, float] = OrderedDict()
+        self._evicted: OrderedDict[str, int] = OrderedDict()
+        self._swept = time.monotonic()
+        # Writes waiting for the writer thread: (rows of one request, its future, its loop).
+        self._queued: list[tuple[list[LLMCall], asyncio.Future[None]]] = []
+        self._writing = False
+        self._checkpointer = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="art-call-store-checkpoint"
+        )
+        self._checkpoint_db: sqlite3.Connection | None = None
+        self._unsaved_bytes = 0
+        self._checkpointing = False
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA wal_autocheckpoint=0")  # see _checkpoint
         db.executescript(_SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(calls)")}
+        if "request_id" not in columns:  # a calls.sqlite of the layout before `requests`
+            db.execute("ALTER TABLE calls ADD COLUMN request_id TEXT")
+            db.commit()
         return db
 
+    # ------------------------------------------------------------------------------ writing
     def next_index(self, rollout_id: str | None) -> int:
         """Reserve the position of a new call in its rollout (the order calls were issued)."""
         if rollout_id is None:
             return 0
+        self._revive(rollout_id)
         with self._lock:
             index = self._next_index[rollout_id]
             self._next_index[rollout_id] = index + 1
+            self._touch(rollout_id)
             return index
 
     async def record(self, call: LLMCall) -> None:
-        """Persist a completed call, then make it visible to its rollout."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._insert, call)
+        """Persist one completed call, then make it visible to its rollout."""
+        await self.record_request([call])
+
+    async def record_request(self, calls: list[LLMCall]) -> None:
+        """Persist the choices of one request (its shared part once), then make them visible.
+
+        Committed before this returns; requests recorded at the same time share a commit.
+        """
+        if not calls:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         with self._lock:
-            if call.rollout_id is None:
-                self._recent[call.id] = call
-                while len(self._recent) > self._recent_limit:
-                    self._recent.popitem(last=False)
-            else:
-                calls = self._rollouts[call.rollout_id]
-                calls.append(call)
-                calls.sort(key=lambda c: (c.index, c.choice_index))
+            self._queued.append((calls, future))
+            start = not self._writing
+            self._writing = True
+        if start:
+            self._executor.submit(self._write_queued)
+        await future
+        with self._lock:
+            for call in calls:
+                self._remember(call)
+            self._sweep()
 
-    def _insert(self, call: LLMCall) -> None:
-        self._db.execute(
-            "INSERT OR REPLACE INTO calls (id, rollout_id, call_index, created_at, data) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (call.id, call.rollout_id, call.index, call.created_at, call.model_dump_json()),
-        )
-        self._db.commit()
+    def _write_queued(self) -> None:
+        """On the writer thread: write everything queued, one transaction per round."""
+        while True:
+            with self._lock:
+                batch, self._queued = self._queued, []
+                if not batch:
+                    self._writing = False
+                    return
+            outcomes: list[BaseException | None] = []
+            requests, rows = [], []
+            for calls, _ in batch:
+                try:  # a request that cannot be written fails alone
+                    request, own = request_rows(calls)
+                    requests.append(request)
+                    rows += own
+                    outcomes.append(None)
+                except Exception as exc:
+                    outcomes.append(exc)
+            try:
+                with self._db:  # one transaction, committed on leaving
+                    self._db.executemany(
+                        "INSERT OR REPLACE INTO requests (id, data) VALUES (?, ?)", requests
+                    )
+                    self._db.executemany(
+                        "INSERT OR REPLACE INTO calls "
+                        "(id, rollout_id, call_index, created_at, data, request_id) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        rows,
+                    )
+            except Exception as exc:  # disk full, I/O error: nothing of this round is kept
+                outcomes = [outcome or exc for outcome in outcomes]
+            self._unsaved_bytes += sum(len(r[1]) for r in requests) + sum(len(r[4]) for r in rows)
+            if self._unsaved_bytes >= CHECKPOINT_BYTES and not self._checkpointing:
+                self._checkpointing = True
+                self._unsaved_bytes = 0
+                self._checkpointer.submit(self._checkpoint)
+            for (_, future), outcome in zip(batch, outcomes, strict=True):
+                future.get_loop().call_soon_threadsafe(_settle, future, outcome)
 
+    def _checkpoint(self) -> None:
+        """On the checkpoint thread: copy the write-ahead log into the database (waits for
+        the disk; writers go on meanwhile: PASSIVE)."""
+        try:
+            if self._checkpoint_db is None:
+                self._checkpoint_db = sqlite3.connect(self.path, check_same_thread=False)
+            self._checkpoint_db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:
+            logger.warning("checkpoint of %s failed (retried later): %s", self.path.name, exc)
+        finally:
+            self._checkpointing = False
+
+    # ------------------------------------------------------------------------------ memory
+    def _remember(self, call: LLMCall) -> None:
+        if call.rollout_id is None:
+            self._recent[call.id] = call
+            while len(self._recent) > self._recent_limit:
+                self._recent.popitem(last=False)
+            return
+        if call.rollout_id in self._evicted:
+            return  # dropped from memory meanwhile: read back from disk with the rest
+        calls = self._rollouts[call.rollout_id]
+        calls.append(call)
+        if len(calls) > 1 and (calls[-2].index, calls[-2].choice_index) > (
+            call.index,
+            call.choice_index,
+        ):
+            calls.sort(key=lambda c: (c.index, c.choice_index))
+        self._touch(call.rollout_id)
+
+    def _touch(self, rollout_id: str) -> None:
+        self._active[rollout_id] = time.monotonic()
+        self._active.move_to_end(rollout_id)
+
+    def _sweep(self) -> None:
+        """Drop rollouts idle for ``rollout_ttl_s`` from memory (checked now and then)."""
+        now = time.monotonic()
+        if now - self._swept < min(60.0, self.rollout_ttl_s / 4):
+            return
+        self._swept = now
+        while self._active:
+            rollout_id, seen = next(iter(self._active.items()))
+            if now - seen < self.rollout_ttl_s:
+                break
+            self._active.pop(rollout_id)
+            self._rollouts.pop(rollout_id, None)
+            self._evicted[rollout_id] = self._next_index.pop(rollout_id, 0)
+            while len(self._evicted) > _EVICTED_REMEMBERED:
+                self._evicted.popitem(last=False)
+            logger.info(
+                "rollout %s idle for %.0f s: its calls stay on disk only", rollout_id, now - seen
+            )
+
+    def evicted(self, rollout_id: str) -> bool:
+        """Whether the rollout was dropped from memory (using it reads its calls from disk)."""
+        return rollout_id in self._evicted
+
+    def _revive(self, rollout_id: str) -> None:
+        """Read an evicted rollout back from disk (not under ``_lock``: the writer thread,
+        which reads, takes it too)."""
+        with self._lock:
+            if rollout_id not in self._evicted:
+                return
+            next_index = self._evicted[rollout_id]
+        calls = self._read(rollout_id)
+        with self._lock:
+            if self._evicted.pop(rollout_id, None) is None:
+                return  # revived by another thread meanwhile
+            self._rollouts[rollout_id] = calls
+            self._next_index[rollout_id] = max([next_index, *(c.index + 1 for c in calls)])
+            self._touch(rollout_id)
+
+    # ------------------------------------------------------------------------------ reading
     def calls_for(self, rollout_id: str) -> list[LLMCall]:
         """The calls of a live rollout, in the order they were issued."""
+        self._revive(rollout_id)
         with self._lock:
             return list(self._rollouts.get(rollout_id, ()))
 
     def release(self, rollout_id: str) -> list[LLMCall]:
         """Forget a finished rollout in memory (it stays on disk) and return its calls."""
+        self._revive(rollout_id)
         with self._lock:
             self._next_index.pop(rollout_id, None)
+            self._active.pop(rollout_id, None)
             return self._rollouts.pop(rollout_id, [])
+
+    def live_rollouts(self) -> int:
+        """How many rollouts have calls held in memory."""
+        with self._lock:
+            return len(self._rollouts)
 
     def recent_unscoped(self) -> list[LLMCall]:
         """Recent calls made outside any rollout (plain ``/v1``), newest last."""
         with self._lock:
             return list(self._recent.values())
 
-    def load_rollout(self, rollout_id: str) -> list[LLMCall]:
-        """Read a rollout's calls back from disk (e.g. after a crash)."""
-        rows = self._executor.submit(
+    def _read(self, rollout_id: str) -> list[LLMCall]:
+        rows = self._on_writer(
             lambda: self._db.execute(
-                "SELECT data FROM calls WHERE rollout_id = ? ORDER BY call_index, created_at",
+                _SELECT + "WHERE calls.rollout_id = ? ORDER BY calls.call_index, calls.created_at",
                 (rollout_id,),
             ).fetchall()
-        ).result()
-        return [LLMCall.model_validate_json(row[0]) for row in rows]
+        )
+        calls = [load_call(data, request) for data, request in rows]
+        calls.sort(key=lambda c: (c.index, c.choice_index))
+        return calls
+
+    def _on_writer(self, fn: Any) -> Any:
+        if threading.current_thread().name.startswith("art-call-store"):
+            return fn()
+        return self._executor.submit(fn).result()
+
+    def load_rollout(self, rollout_id: str) -> list[LLMCall]:
+        """Read a rollout's calls back from disk (e.g. after a crash)."""
+        return self._read(rollout_id)
 
     def get(self, call_id: str) -> LLMCall | None:
         """A call by id, from memory or disk."""
@@ -121,18 +357,29 @@ class CallStore:
                 for call in calls:
                     if call.id == call_id:
                         return call
-        row = self._executor.submit(
-            lambda: self._db.execute("SELECT data FROM calls WHERE id = ?", (call_id,)).fetchone()
-        ).result()
-        return LLMCall.model_validate_json(row[0]) if row else None
+        row = self._on_writer(
+            lambda: self._db.execute(_SELECT + "WHERE calls.id = ?", (call_id,)).fetchone()
+        )
+        return load_call(row[0], row[1]) if row else None
 
     def count(self) -> int:
         return int(
-            self._executor.submit(
-                lambda: self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
-            ).result()
+            self._on_writer(lambda: self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
         )
 
     def close(self) -> None:
+        self._checkpointer.shutdown(wait=True)
+        if self._checkpoint_db is not None:
+            self._checkpoint_db.close()
+        # The last connection to close checkpoints the log into the database and removes it.
         self._executor.submit(self._db.close).result()
         self._executor.shutdown(wait=True)
+
+
+def _settle(future: asyncio.Future[None], outcome: BaseException | None) -> None:
+    if future.done():
+        return
+    if outcome is None:
+        future.set_result(None)
+    else:
+        future.set_exception(outcome)

@@ -11,14 +11,18 @@ choice always add up to the content of the non-streamed answer.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from art_core.engines.base import EngineError
+from art_core.gateway.errors import internal_error, scrub_paths
 from art_core.gateway.recording import sample_and_record
 from art_core.gateway.requests import PreparedCall
 from art_core.gateway.responses import SSE_DONE, ResponseShaper, sse, usage
 from art_core.gateway.tool_calls import TOOL_CALL_OPEN
+
+logger = logging.getLogger(__name__)
 
 
 async def stream_completion(call: PreparedCall) -> AsyncIterator[str]:
@@ -81,9 +85,12 @@ async def stream_completion(call: PreparedCall) -> AsyncIterator[str]:
     try:
         calls = task.result()
     except Exception as exc:
-        status = 400 if isinstance(exc, EngineError) else 500
-        kind = "invalid_request_error" if status == 400 else "server_error"
-        yield sse({"error": {"message": str(exc), "type": kind, "code": status}})
+        if isinstance(exc, EngineError):
+            status, kind, reason = 400, "invalid_request_error", scrub_paths(str(exc))
+        else:
+            logger.error("a streamed call failed", exc_info=exc)
+            status, kind, reason = 500, "server_error", internal_error(exc).message
+        yield sse({"error": {"message": reason, "type": kind, "code": status}})
         yield SSE_DONE
         return
     for recorded in calls:
