@@ -321,7 +321,10 @@ async def test_heavy_requests_do_not_block_the_event_loop(
         a.text[:300] for a in answers
     ]
     assert "context" in answers[2].json()["error"]["message"]  # checked, rendered, too long
-    assert lag < 0.2 or lag < control_lag[0] + 0.1, (
+    # A blocked loop stalls for the whole heavy work (seconds); on a machine busy with other
+    # processes, a Python thread of its own (the control) stalls too, and the loop, which
+    # also shares the GIL with the worker threads doing the heavy work, up to about twice.
+    assert lag < 0.2 or lag < 2 * control_lag[0] + 0.1, (
         f"the gateway's event loop stalled for {lag * 1000:.0f} ms "
         f"(a thread of its own: {control_lag[0] * 1000:.0f} ms)"
     )
