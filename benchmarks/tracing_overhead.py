@@ -39,9 +39,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import art_core as art
 from art_core import tracing
+from art_core.testing.standins import OtlpCollector
 from art_core.tracing import hooks
 from art_core.tracing.exporters import GuardedExporter
-from art_core.tracing.standins import OtlpCollector
 
 GROUP_SIZE = 8
 TOOL = {

@@ -1,4 +1,4 @@
-"""The process-wide tracing switch: which pipeline (if any) and which W&B logger are active.
+"""The process-wide tracing switch: which pipeline (if any) is active.
 
 Tracing configuration is process-wide on purpose, like ``logging`` or OpenTelemetry's own
 provider: rollouts run in many tasks and threads (the gateway has its own loop) and must all
@@ -16,11 +16,10 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from art_core.tracing.settings import EXPORTER_NAMES, TracingSettings, env_flag, exporters_from_env
+from art_core.tracing.settings import EXPORTER_NAMES, TracingSettings, exporters_from_env
 
 if TYPE_CHECKING:
     from art_core.tracing.pipeline import Pipeline, Sink
-    from art_core.tracing.wandb import WandbLogger
 
 logger = logging.getLogger("art_core.tracing")
 
@@ -31,7 +30,6 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.pipeline: Pipeline | None = None
-        self.wandb: WandbLogger | None = None
         self.env_checked = False
         self.exit_hook = False
 
@@ -40,16 +38,10 @@ _state = _State()
 
 
 def active() -> Pipeline | None:
-    """The running pipeline, or None. The first call reads ``ART_TRACING`` / ``ART_WANDB``."""
+    """The running pipeline, or None. The first call reads ``ART_TRACING``."""
     if not _state.env_checked:
         _configure_from_env()
     return _state.pipeline
-
-
-def wandb_logger() -> WandbLogger | None:
-    if not _state.env_checked:
-        _configure_from_env()
-    return _state.wandb
 
 
 def _configure_from_env() -> None:
@@ -61,21 +53,14 @@ def _configure_from_env() -> None:
         names = exporters_from_env()
         if names and _state.pipeline is None:
             enable(names)
-        if env_flag(os.environ, "ART_WANDB", False) and _state.wandb is None:
-            enable_wandb()
     except Exception:
         # A bad variable must not break rollouts: say so loudly and trace nothing.
-        logger.exception("tracing: ART_TRACING / ART_WANDB could not be applied; tracing stays off")
-
-
-def _exit() -> None:
-    disable(EXIT_TIMEOUT_S)
-    disable_wandb(EXIT_TIMEOUT_S)
+        logger.exception("tracing: ART_TRACING could not be applied; tracing stays off")
 
 
 def _register_exit_hook() -> None:
     if not _state.exit_hook:
-        atexit.register(_exit)
+        atexit.register(disable, EXIT_TIMEOUT_S)
         _state.exit_hook = True
 
 
@@ -204,13 +189,8 @@ def disable(timeout_s: float = EXIT_TIMEOUT_S) -> None:
 def flush(timeout_s: float = 30.0) -> bool:
     """Wait until every rollout traced so far has been handed to its backend (True) or
     ``timeout_s`` passed (False). Tests and short scripts call this before reading traces."""
-    ok = True
     pipeline = _state.pipeline
-    if pipeline is not None:
-        ok = pipeline.flush(timeout_s)
-    if _state.wandb is not None:
-        ok = _state.wandb.flush(timeout_s) and ok
-    return ok
+    return pipeline.flush(timeout_s) if pipeline is not None else True
 
 
 def is_enabled() -> bool:
@@ -222,30 +202,3 @@ def stats() -> dict[str, Any]:
     """Counters of the running pipeline ({} when tracing is off)."""
     pipeline = _state.pipeline
     return pipeline.stats() if pipeline is not None else {}
-
-
-def enable_wandb(project: str | None = None, entity: str | None = None, **init_kwargs: Any) -> None:
-    """Log each model's metric history (train and val records) to Weights & Biases.
-
-    One W&B run per model (resumed across processes); ``project`` defaults to
-    ``$WANDB_PROJECT``, then to the model's project. ``WANDB_MODE=offline`` works as usual.
-
-    Example:
-        >>> enable_wandb(project="agent-rl")  # doctest: +SKIP
-    """
-    from art_core.tracing.wandb import WandbLogger
-
-    logger_ = WandbLogger(project=project, entity=entity, **init_kwargs)
-    with _state.lock:
-        previous, _state.wandb = _state.wandb, logger_
-        _register_exit_hook()
-    if previous is not None:
-        previous.close(EXIT_TIMEOUT_S)
-
-
-def disable_wandb(timeout_s: float = EXIT_TIMEOUT_S) -> None:
-    """Stop logging to W&B and finish its runs."""
-    with _state.lock:
-        previous, _state.wandb = _state.wandb, None
-    if previous is not None:
-        previous.close(timeout_s)
