@@ -73,9 +73,11 @@ def count_words(text: str) -> int:
 class StandInJudge(LoopbackServer):
     """An OpenAI-compatible judge server on ``127.0.0.1`` (a free port) in a daemon thread.
 
-    ``requests`` holds each request body received, ``headers`` their headers (lower-cased);
-    ``script`` is a queue of behaviors for the next requests. ``reverse=True`` lists the
-    scores in reverse run order, to check that callers match scores by id, not position.
+    ``requests`` holds each request body received, ``headers`` their headers (lower-cased),
+    ``urls`` their paths with the query; ``script`` is a queue of behaviors for the next
+    requests. ``reverse=True`` lists the scores in reverse run order, to check that callers
+    match scores by id, not position. Besides ``/v1/chat/completions`` it answers Azure
+    OpenAI's paths (``/openai/deployments/NAME/chat/completions``, ``/openai/v1/...``).
     """
 
     def __init__(
@@ -93,6 +95,7 @@ class StandInJudge(LoopbackServer):
         self.slow_s = slow_s
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.urls: list[str] = []
         self.script: list[Behavior] = []
         self._lock = threading.Lock()
 
@@ -106,12 +109,18 @@ class StandInJudge(LoopbackServer):
         with self._lock:
             self.requests.clear()
             self.headers.clear()
+            self.urls.clear()
             self.script.clear()
 
     def routes(self) -> list[Route]:
         return [
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
+            # Azure OpenAI: a deployment's endpoint (with ?api-version=), and the v1 API
+            Route(
+                "/openai/deployments/{deployment}/chat/completions", self._chat, methods=["POST"]
+            ),
+            Route("/openai/v1/chat/completions", self._chat, methods=["POST"]),
         ]
 
     # -- HTTP handlers -------------------------------------------------------------------
@@ -133,6 +142,8 @@ class StandInJudge(LoopbackServer):
         with self._lock:
             self.requests.append(body)
             self.headers.append({k.lower(): v for k, v in request.headers.items()})
+            query = request.url.query
+            self.urls.append(request.url.path + (f"?{query}" if query else ""))
             behavior: Behavior = self.script.pop(0) if self.script else "ok"
 
         if behavior == "http_401":
