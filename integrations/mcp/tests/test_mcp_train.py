@@ -11,7 +11,7 @@ from pathlib import Path
 import art_mcp
 import pytest
 from art_mcp import HttpServer, Judge, RolloutSettings, Scenario, spawn_http_server
-from mcp_support import SHOP_SCRIPT, mcp_backend  # noqa: F401 (fixture)
+from mcp_support import SHOP_SCRIPT
 
 import art_core as art
 from art_core.testing.judge import StandInJudge
@@ -40,11 +40,11 @@ def shop_scenarios() -> list[Scenario]:
 
 
 async def test_train_two_steps_then_resume_for_a_third(
-    mcp_backend: art.LocalBackend,  # noqa: F811
+    backend: art.LocalBackend,
     shop: HttpServer,
 ) -> None:
     model = art.TrainableModel(name="shop-tiny", project="mcp-tests", base_model="tiny-random")
-    await model.register(mcp_backend)
+    await model.register(backend)
     scenarios = shop_scenarios()
     steps_seen: list[int] = []
     report = await art_mcp.train(
@@ -70,7 +70,7 @@ async def test_train_two_steps_then_resume_for_a_third(
     assert len(report.before.rewards) == len(report.after.rewards) == 2
     assert "mean reward" in report.table() and "after (step 2)" in report.table()
 
-    folder = mcp_backend.model_folder(model)
+    folder = backend.model_folder(model)
     history = [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
     val_steps = [h["step"] for h in history if h.get("split") == "val"]
     assert val_steps == [0, 2]
@@ -102,14 +102,14 @@ async def test_train_two_steps_then_resume_for_a_third(
 
 
 async def test_train_with_ruler_judges_before_and_after_together(
-    mcp_backend: art.LocalBackend,  # noqa: F811
+    backend: art.LocalBackend,
     shop: HttpServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("ART_CORE_CACHE_DIR", str(tmp_path))  # every verdict is a fresh request
     model = art.TrainableModel(name="shop-ruler", project="mcp-tests", base_model="tiny-random")
-    await model.register(mcp_backend)
+    await model.register(backend)
     scenarios = shop_scenarios()
     with StandInJudge() as judge:
         report = await art_mcp.train(
@@ -136,7 +136,7 @@ async def test_train_with_ruler_judges_before_and_after_together(
 
 
 async def test_train_rejects_a_run_without_a_reward(
-    mcp_backend: art.LocalBackend,  # noqa: F811
+    backend: art.LocalBackend,
 ) -> None:
     model = art.TrainableModel(name="shop-none", project="mcp-tests", base_model="tiny-random")
     with pytest.raises(ValueError, match="train needs a reward"):
@@ -175,13 +175,13 @@ def test_answer_reward_gives_partial_credit() -> None:
 
 
 async def test_train_with_dynamic_sampling_reports_what_it_discarded(
-    mcp_backend: art.LocalBackend,  # noqa: F811
+    backend: art.LocalBackend,
     shop: HttpServer,
 ) -> None:
     # A reward no run earns: every group is all-equal, grown from 2 to 4 runs and discarded,
     # until the step's budget of 12 rollouts is spent. The step is still recorded.
     model = art.TrainableModel(name="shop-sparse", project="mcp-tests", base_model="tiny-random")
-    await model.register(mcp_backend)
+    await model.register(backend)
     report = await art_mcp.train(
         model,
         shop,
@@ -204,7 +204,7 @@ async def test_train_with_dynamic_sampling_reports_what_it_discarded(
     assert record.rollouts_spent == 12 and record.never_solved == 1.0
     history = [
         json.loads(line)
-        for line in (mcp_backend.model_folder(model) / "history.jsonl").read_text().splitlines()
+        for line in (backend.model_folder(model) / "history.jsonl").read_text().splitlines()
     ]
     (train,) = [h for h in history if h.get("split") == "train"]
     assert train["train/sampling_rollouts"] == 12
