@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,12 +26,6 @@ from art_core.rewards.cli import run as run_cli
 from art_core.testing.judge import StandInJudge
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
-# Every variable the provider table reads, so the machine's own settings cannot leak in.
-PROVIDER_VARS = sorted(
-    {v for p in PROVIDERS.values() for v in (*p.key_vars, *p.base_vars)}
-    | {"AZURE_API_VERSION", "OPENAI_API_VERSION"}
-)
-
 
 def run(answer: str, hint: float) -> list[dict[str, str]]:
     return [
@@ -47,23 +40,6 @@ def group(*hints: float) -> TrajectoryGroup:
         Trajectory(messages_and_choices=run(f"answer {i}", h), reward=0.5)
         for i, h in enumerate(hints)
     )
-
-
-@pytest.fixture(scope="module")
-def judge_server() -> Iterator[StandInJudge]:
-    with StandInJudge() as server:
-        yield server
-
-
-@pytest.fixture
-def judge(
-    judge_server: StandInJudge, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> StandInJudge:
-    judge_server.reset()
-    monkeypatch.setenv("ART_CORE_CACHE_DIR", str(tmp_path / "cache"))
-    for name in PROVIDER_VARS:
-        monkeypatch.delenv(name, raising=False)
-    return judge_server
 
 
 async def test_art_positional_call_with_litellm_params_and_debug(
@@ -140,9 +116,10 @@ async def test_each_provider_prefix_uses_its_key_variable_and_endpoint(
     assert judge.headers[0]["authorization"] == f"Bearer {prefix}-key"
 
 
-def test_public_endpoints_and_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in PROVIDER_VARS:
-        monkeypatch.delenv(name, raising=False)
+def test_public_endpoints_and_what_is_missing(
+    judge: StandInJudge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (the judge fixture clears the machine's judge variables; its server is not used here)
     with pytest.raises(ValueError, match="ANTHROPIC_API_KEY"):
         resolve_judge("anthropic/claude-sonnet-4-5")
     monkeypatch.setenv("ANTHROPIC_API_KEY", "a-key")

@@ -1,58 +1,41 @@
 """The process-wide W&B switch: which ``WandbLogger`` (if any) receives the metric history.
 
-Process-wide on purpose, like tracing's switch: train steps finish on the backend's threads
-and must all see one logger. It changes only through ``enable_wandb`` / ``disable_wandb``
-(under a lock); the first read applies ``ART_WANDB=1`` from the environment. Standard library
-only until W&B is enabled.
+One ``ProcessSwitch`` (like tracing's), changed only through ``enable_wandb`` /
+``disable_wandb``; ``ART_WANDB=1`` applies on the first read. Standard library only until W&B
+is enabled.
 """
 
 from __future__ import annotations
 
-import atexit
-import logging
 import os
-import threading
 from typing import TYPE_CHECKING, Any
 
 from art_core.tracing.settings import env_flag
+from art_core.tracing.switch import ProcessSwitch
 
 if TYPE_CHECKING:
     from art_core.metrics.wandb import WandbLogger
 
-logger = logging.getLogger("art_core.metrics")
-
 EXIT_TIMEOUT_S = 5.0
 
 
-class _State:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.wandb: WandbLogger | None = None
-        self.env_checked = False
-        self.exit_hook = False
+def _configure_from_env() -> None:
+    if env_flag(os.environ, "ART_WANDB", False):
+        enable_wandb()
 
 
-_state = _State()
+def _exit() -> None:
+    disable_wandb(EXIT_TIMEOUT_S)
+
+
+_state: ProcessSwitch[WandbLogger] = ProcessSwitch(
+    _configure_from_env, _exit, "metrics: ART_WANDB could not be applied; W&B logging stays off"
+)
 
 
 def wandb_logger() -> WandbLogger | None:
     """The active W&B logger, or None. The first call reads ``ART_WANDB``."""
-    if not _state.env_checked:
-        _configure_from_env()
-    return _state.wandb
-
-
-def _configure_from_env() -> None:
-    with _state.lock:
-        if _state.env_checked:
-            return
-        _state.env_checked = True
-    try:
-        if env_flag(os.environ, "ART_WANDB", False) and _state.wandb is None:
-            enable_wandb()
-    except Exception:
-        # A bad variable or a missing package must not break training: say so, log nothing.
-        logger.exception("metrics: ART_WANDB could not be applied; W&B logging stays off")
+    return _state.get()
 
 
 def enable_wandb(project: str | None = None, entity: str | None = None, **init_kwargs: Any) -> None:
@@ -68,13 +51,7 @@ def enable_wandb(project: str | None = None, entity: str | None = None, **init_k
     """
     from art_core.metrics.wandb import WandbLogger
 
-    logger_ = WandbLogger(project=project, entity=entity, **init_kwargs)
-    with _state.lock:
-        previous, _state.wandb = _state.wandb, logger_
-        _state.env_checked = True
-        if not _state.exit_hook:
-            atexit.register(disable_wandb, EXIT_TIMEOUT_S)
-            _state.exit_hook = True
+    previous = _state.swap(WandbLogger(project=project, entity=entity, **init_kwargs))
     if previous is not None:
         previous.close(EXIT_TIMEOUT_S)
 
@@ -85,9 +62,7 @@ def disable_wandb(timeout_s: float = EXIT_TIMEOUT_S) -> None:
     Example:
         >>> disable_wandb()
     """
-    with _state.lock:
-        previous, _state.wandb = _state.wandb, None
-        _state.env_checked = True
+    previous = _state.swap(None)
     if previous is not None:
         previous.close(timeout_s)
 
@@ -100,5 +75,5 @@ def flush(timeout_s: float = 30.0) -> bool:
         >>> flush(1.0)
         True
     """
-    wandb = _state.wandb
+    wandb = _state.value
     return wandb.flush(timeout_s) if wandb is not None else True

@@ -107,6 +107,10 @@ PROVIDERS: dict[str, Provider] = {
     ),
 }
 _AZURE_VERSION_VARS = ("AZURE_API_VERSION", "OPENAI_API_VERSION")
+# Every environment variable a judge's endpoint may be read from (tests clear them all).
+JUDGE_ENV_VARS = frozenset(
+    {v for p in PROVIDERS.values() for v in (*p.key_vars, *p.base_vars)} | set(_AZURE_VERSION_VARS)
+)
 
 # extra_litellm_params keys that say where and how to connect, not what to ask.
 ROUTING_PARAMS = frozenset(

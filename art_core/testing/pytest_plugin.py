@@ -12,7 +12,10 @@ What it gives:
 - the ``slow`` marker (end-to-end tests, still run in CI: deselect with ``-m "not slow"``);
 - session fixtures ``art_path`` (a temporary ``.art`` folder), ``backend`` (a
   ``LocalBackend`` there) and ``tiny_model`` (``tiny-random`` registered on it);
-- ``register_tiny_model(backend, name, project)`` for a suite's own model on that backend.
+- ``register_tiny_model(backend, name, project)`` for a suite's own model on that backend;
+- ``judge_server`` (one ``StandInJudge`` for the session) and ``judge`` (that judge, reset for
+  the test, with RULER's cache in the test's temporary folder and no judge endpoint or key from
+  the machine's environment: ``OPENAI_*`` and the provider variables of LiteLLM ids).
 
 The async fixtures run on the session's event loop: configure pytest-asyncio with
 ``asyncio_default_fixture_loop_scope = "session"`` and ``asyncio_default_test_loop_scope =
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +41,7 @@ import pytest_asyncio
 
 if TYPE_CHECKING:
     import art_core as art
+    from art_core.testing.judge import StandInJudge
 
 os.environ.setdefault(
     "ART_CORE_MODELS_DIR", str(Path(tempfile.gettempdir()) / "art-core-test-models")
@@ -87,3 +91,28 @@ async def backend(art_path: Path) -> AsyncIterator[art.LocalBackend]:
 async def tiny_model(backend: art.LocalBackend) -> art.TrainableModel:
     """``tiny-random`` (name ``tiny``, project ``tests``) served by ``backend``."""
     return await register_tiny_model(backend, "tiny", "tests")
+
+
+@pytest.fixture(scope="session")
+def judge_server() -> Iterator[StandInJudge]:
+    """One stand-in RULER judge (an OpenAI-compatible server on loopback) for the session."""
+    from art_core.testing.judge import StandInJudge
+
+    with StandInJudge() as server:
+        yield server
+
+
+@pytest.fixture
+def judge(
+    judge_server: StandInJudge, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> StandInJudge:
+    """The stand-in judge with no requests, script or reversed replies left from other tests;
+    RULER's cache under ``tmp_path``; the machine's judge settings out of the environment."""
+    from art_core.rewards.endpoint import JUDGE_ENV_VARS
+
+    judge_server.reset()
+    judge_server.reverse = False
+    monkeypatch.setenv("ART_CORE_CACHE_DIR", str(tmp_path / "cache"))
+    for name in JUDGE_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return judge_server
