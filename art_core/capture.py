@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from art_core.clients import async_openai_client, sync_openai_client
+from art_core.run_context import current_run as current_run  # re-exported: art.current_run
+from art_core.run_context import enter_run, exit_run
 from art_core.tracing import hooks as tracing
 from art_core.trajectories import LLMCall, Trajectory, new_id
 
@@ -16,13 +17,6 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI, OpenAI
 
     from art_core.model import TrainableModel
-
-_current_run: ContextVar[Run | None] = ContextVar("art_current_run", default=None)
-
-
-def current_run() -> Run | None:
-    """The rollout being captured in this context (task), if any. Integrations use this."""
-    return _current_run.get()
 
 
 class Run:
@@ -58,6 +52,18 @@ class Run:
             self.model, self.rollout_id, release=release
         )
         return list(calls)
+
+    @property
+    def final_calls(self) -> list[LLMCall] | None:
+        """The calls recorded in this rollout once the capture block has exited; None before.
+
+        Example:
+            >>> async with capture(model) as run:  # doctest: +SKIP
+            ...     assert run.final_calls is None
+            >>> len(run.final_calls)  # doctest: +SKIP
+            2
+        """
+        return None if self._final_calls is None else list(self._final_calls)
 
     @property
     def calls(self) -> list[LLMCall]:
@@ -113,7 +119,7 @@ async def capture(
     """
     run = Run(model, rollout_id or new_id("rollout"), dict(metadata or {}))
     tracing.run_started(run)
-    token = _current_run.set(run)
+    token = enter_run(run)
     error: Exception | None = None
     try:
         yield run
@@ -121,7 +127,7 @@ async def capture(
         error = exc
         raise
     finally:
-        _current_run.reset(token)
+        exit_run(token)
         run.end_time = time.time()
         run._final_calls = await run.fetch_calls(release=True)
         if error is not None:

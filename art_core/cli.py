@@ -18,7 +18,7 @@ COMMANDS: list[str] = [
     "art_core.engines.cli",
     "art_core.rewards.cli",
     "art_core.server.cli",
-    "art_core.tracing.plot",
+    "art_core.metrics.plot",
 ]
 
 

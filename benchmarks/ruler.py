@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from art_core.rewards import judge_runs, ruler_score_group
+from art_core.rewards import RulerOptions, judge_runs, ruler_score_group
 from art_core.testing.judge import StandInJudge, count_words
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
@@ -136,7 +136,10 @@ async def measure(judge: StandInJudge, label: str, indices: list[int]) -> Row:
     pointwise_calls = pointwise_tokens = 0
     for run in dict.fromkeys(json.dumps(r) for r in runs):  # pointwise judges dedupe too
         judgement = await judge_runs(
-            [json.loads(run)], "stand-in", judge_base_url=judge.base_url, tools=TOOLS, cache=False
+            [json.loads(run)],
+            "stand-in",
+            RulerOptions(judge_base_url=judge.base_url, cache=False),
+            tools=TOOLS,
         )
         pointwise_calls += judgement.judge_calls
         pointwise_tokens += judgement.prompt_tokens
@@ -173,7 +176,9 @@ async def main(tokenizer: str) -> None:
     count = make_tokenizer(tokenizer)
     with StandInJudge(count_tokens=count) as judge:
         # warm-up: the first request pays for importing the openai client
-        await judge_runs([synthetic_run(0)], "stand-in", judge_base_url=judge.base_url, cache=False)
+        await judge_runs(
+            [synthetic_run(0)], "stand-in", RulerOptions(judge_base_url=judge.base_url, cache=False)
+        )
         judge.reset()
         rows = [await measure(judge, f"{n} runs", list(range(n))) for n in (4, 8, 16)]
         rows.append(await measure(judge, "16 runs, 8 dup.", [i % 8 for i in range(16)]))

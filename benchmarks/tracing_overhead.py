@@ -39,24 +39,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import art_core as art
 from art_core import tracing
+from art_core.testing.standins import OtlpCollector
+from art_core.testing.tools import WEATHER_TOOL as TOOL
 from art_core.tracing import hooks
 from art_core.tracing.exporters import GuardedExporter
-from art_core.tracing.standins import OtlpCollector
 
 GROUP_SIZE = 8
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
 HOOKS = ("run_started", "trajectory_built", "gathering", "group_finished", "run_failed")
 
 

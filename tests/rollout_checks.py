@@ -6,20 +6,8 @@ import json
 from typing import Any
 
 import art_core as art
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
+from art_core.testing.checks import assert_prefix_chain
+from art_core.testing.tools import WEATHER_TOOL
 
 
 async def three_turn_rollout(model: art.TrainableModel, i: int) -> tuple[art.Trajectory, list[Any]]:
@@ -92,7 +80,5 @@ def assert_rollouts_isolated_and_exact(
             assert (choice.message.content or None) == (
                 call.response_message.get("content") or None
             )
-        for before, after in zip(trajectory.calls, trajectory.calls[1:], strict=False):
-            prefix = before.prompt_token_ids + before.completion_token_ids
-            assert after.prompt_token_ids[: len(prefix)] == prefix
+        assert_prefix_chain(trajectory.calls)
         assert trajectory.messages()[-1]["role"] == "assistant"

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,7 +22,6 @@ from art_core.rewards import (
     ruler,
     ruler_score_group,
 )
-from art_core.testing.judge import StandInJudge
 from art_core.trajectories import LLMCall, Trajectory, TrajectoryGroup
 
 SEARCH_TOOL = {
@@ -86,22 +83,6 @@ def make_group(*runs: tuple[str, float], reward: float = 0.25) -> TrajectoryGrou
         )
         for i, (answer, hint) in enumerate(runs)
     )
-
-
-@pytest.fixture(scope="module")
-def judge_server() -> Iterator[StandInJudge]:
-    with StandInJudge() as server:
-        yield server
-
-
-@pytest.fixture
-def judge(judge_server: StandInJudge, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    judge_server.reset()
-    judge_server.reverse = False
-    monkeypatch.setenv("ART_CORE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    return judge_server
 
 
 def user_prompt(request: dict[str, Any]) -> str:

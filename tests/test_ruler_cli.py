@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from art_core.cli import main
-from art_core.testing.judge import StandInJudge
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
 USER = {"role": "user", "content": "What is the capital of Peru?"}
@@ -23,19 +21,6 @@ def cli(*args: str) -> int:
 
 def run(answer: str) -> Trajectory:
     return Trajectory(messages_and_choices=[USER, {"role": "assistant", "content": answer}])
-
-
-@pytest.fixture(scope="module")
-def judge_server() -> Iterator[StandInJudge]:
-    with StandInJudge() as server:
-        yield server
-
-
-@pytest.fixture
-def judge(judge_server: StandInJudge, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    judge_server.reset()
-    monkeypatch.setenv("ART_CORE_CACHE_DIR", str(tmp_path / "cache"))
-    return judge_server
 
 
 @pytest.fixture

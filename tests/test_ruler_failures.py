@@ -4,7 +4,6 @@ clear error (or None when swallowed), and the group is left exactly as it was.""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -26,15 +25,9 @@ MALFORMED = {
 
 @pytest.fixture(scope="module")
 def judge_server() -> Iterator[StandInJudge]:
+    # replaces the plugin's session judge here: "slow" replies come after 2 s
     with StandInJudge(slow_s=2.0) as server:
         yield server
-
-
-@pytest.fixture
-def judge(judge_server: StandInJudge, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    judge_server.reset()
-    monkeypatch.setenv("ART_CORE_CACHE_DIR", str(tmp_path / "cache"))
-    return judge_server
 
 
 def make_group() -> TrajectoryGroup:

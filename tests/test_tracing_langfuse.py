@@ -16,8 +16,8 @@ import art_core as art
 from art_core import tracing
 from art_core.rewards import ruler_score_group
 from art_core.testing.judge import StandInJudge
+from art_core.testing.standins import LangfuseStandIn
 from art_core.tracing.langfuse import score_id
-from art_core.tracing.standins import LangfuseStandIn
 
 
 async def test_langfuse_gets_a_trace_per_rollout_with_generations_tools_and_scores(

@@ -18,7 +18,7 @@ import art_core as art
 from art_core import tracing
 from art_core.rewards import ruler_score_group
 from art_core.testing.judge import StandInJudge
-from art_core.tracing.standins import OtlpCollector
+from art_core.testing.standins import OtlpCollector
 
 
 @pytest.fixture

@@ -11,9 +11,11 @@ import pytest
 from matplotlib.image import imread
 from tracing_support import wait_for_wandb_history
 
+from art_core import metrics, tracing
 from art_core.cli import main
-from art_core.tracing.plot import metric_series, plot_history
-from art_core.tracing.wandb import WandbLogger
+from art_core.metrics import hooks as metric_hooks
+from art_core.metrics.plot import metric_series, plot_history
+from art_core.metrics.wandb import WandbLogger
 
 
 def write_history(folder: Path, steps: int = 6) -> Path:
@@ -88,3 +90,39 @@ def test_wandb_logs_the_history_offline(tmp_path: Path, monkeypatch: pytest.Monk
     rows = wait_for_wandb_history(tmp_path, lambda rows: any("val/reward" in r for r in rows))
     assert [float(r["train/reward"]) for r in rows if "train/reward" in r] == [0.0, 0.25, 0.5]
     assert [r["_step"] for r in rows if "val/reward" in r] == ["2"]
+
+
+def test_the_metrics_hooks_log_train_steps_and_model_log_records_to_wandb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_CONSOLE": "off",
+    }.items():
+        monkeypatch.setenv(name, value)
+    model = SimpleNamespace(name="hooked", project="wandb-hooks", base_model="tiny-random")
+    metric_hooks.train_step_finished(model, {"train/reward": 0.5}, step=1)  # off: nothing
+    metrics.enable_wandb(mode="offline", dir=str(tmp_path))
+    try:
+        # a train step that produced adapter 2 trained on rollouts of adapter 1: history step 1
+        metric_hooks.train_step_finished(model, {"train/reward": 0.75, "note": "x"}, step=2)
+        metric_hooks.history_logged(model, {"step": 2, "split": "val", "val/reward": 0.25})
+        assert metrics.flush(60)
+    finally:
+        metrics.disable_wandb(60)
+    assert metrics.flush(1.0)  # off again: nothing to wait for
+    rows = wait_for_wandb_history(tmp_path, lambda rows: any("val/reward" in r for r in rows))
+    assert [(r["_step"], float(r["train/reward"])) for r in rows if "train/reward" in r] == [
+        ("1", 0.75)
+    ]
+    assert [(r["_step"], float(r["val/reward"])) for r in rows if "val/reward" in r] == [
+        ("2", 0.25)
+    ]
+
+
+def test_the_wandb_switch_keeps_its_old_names_in_tracing() -> None:
+    assert tracing.enable_wandb is metrics.enable_wandb
+    assert tracing.disable_wandb is metrics.disable_wandb
+    with pytest.raises(AttributeError, match="no attribute 'plot_history'"):
+        tracing.plot_history  # noqa: B018

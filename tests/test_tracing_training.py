@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tracing_support import roots, wait_for_wandb_history
 
 import art_core as art
-from art_core import tracing
+from art_core import metrics, tracing
 from art_core.cli import main
 from art_core.training import DEFAULT_LORA_TARGET_MODULES, TrainConfig
 
@@ -70,7 +70,7 @@ async def test_a_traced_training_run_plots_a_rising_reward_curve(
     tracing.enable(memory)
     # dir/mode as arguments: W&B reads its environment once per process (an earlier test's
     # WANDB_DIR would win).
-    tracing.enable_wandb(mode="offline", dir=str(tmp_path))
+    metrics.enable_wandb(mode="offline", dir=str(tmp_path))
     try:
         async with art.LocalBackend(path=tmp_path / "art") as backend:
             model = art.TrainableModel(name="digits", project="tracing", base_model="tiny-random")
@@ -93,7 +93,7 @@ async def test_a_traced_training_run_plots_a_rising_reward_curve(
         assert tracing.flush(30)
     finally:
         tracing.disable()
-        tracing.disable_wandb(60)
+        metrics.disable_wandb(60)
     curve = " ".join(f"{r:.2f}" for r in rewards)
     assert rewards[-1] >= TARGET, f"mean reward per step: {curve}"
 
@@ -129,7 +129,7 @@ async def test_a_traced_training_run_plots_a_rising_reward_curve(
     assert main(["plot", str(model_dir)]) == 0
     png = model_dir / "plots" / "reward.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
-    from art_core.tracing.plot import plot_history
+    from art_core.metrics.plot import plot_history
 
     series = plot_history(model_dir).series
     train = [value for _, value in series["train/reward"]]

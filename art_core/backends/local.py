@@ -28,6 +28,7 @@ from art_core.gateway.app import Gateway, ServedModel
 from art_core.gateway.server import GatewayServer
 from art_core.gateway.store import CallStore
 from art_core.matching import attach_recorded_calls
+from art_core.metrics import hooks as metric_hooks
 from art_core.model_folder import ModelFolder
 from art_core.names import check_name
 from art_core.tracing import hooks as tracing
@@ -309,6 +310,7 @@ class LocalBackend(BackendBase):
             finally:
                 await self.server.call(engine.resume())
         tracing.train_step_finished(model, groups, config, result, started)
+        metric_hooks.train_step_finished(model, result.metrics, result.step)
         return result
 
     async def get_step(self, model: TrainableModel) -> int:
@@ -333,7 +335,7 @@ class LocalBackend(BackendBase):
             await asyncio.to_thread(folder.append_trajectories, split, step, lines)
         record = history_record(groups, split=split, step=step, metrics=metrics)
         await asyncio.to_thread(folder.append_history, record)
-        tracing.history_logged(model, record)
+        metric_hooks.history_logged(model, record)
 
     async def delete_checkpoints(
         self, model: TrainableModel, best_checkpoint_metric: str = "val/reward"

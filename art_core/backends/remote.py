@@ -25,6 +25,7 @@ import httpx
 from tqdm.auto import tqdm
 
 from art_core.backends.base import BackendBase, ProgressCallback
+from art_core.metrics import hooks as metric_hooks
 from art_core.tracing import hooks as tracing
 from art_core.trajectories import LLMCall, TrajectoryGroup, new_id, require_finished
 
@@ -253,6 +254,7 @@ class RemoteBackend(BackendBase):
         result = TrainResult.model_validate(outcome)
         # Traces and metrics go where the rollouts were traced: this process, not the server.
         tracing.train_step_finished(model, groups, config, result, started)
+        metric_hooks.train_step_finished(model, result.metrics, result.step)
         return result
 
     async def _follow_job(

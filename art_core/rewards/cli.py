@@ -19,14 +19,9 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
+from art_core.rewards.options import DEFAULT_TIMEOUT_S, RulerOptions
 from art_core.rewards.prompt import DEFAULT_MAX_TOOL_RESULT_CHARS, DEFAULT_RUBRIC
-from art_core.rewards.ruler import (
-    DEFAULT_TIMEOUT_S,
-    Judgement,
-    apply_judgement,
-    judge_group,
-    resolve_judge,
-)
+from art_core.rewards.ruler import Judgement, apply_judgement, judge_group
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
 _EXPLANATION_WIDTH = 70
@@ -52,7 +47,11 @@ def add_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("file", type=Path, help="JSONL: one TrajectoryGroup (or list) per line")
-    parser.add_argument("--judge-model", required=True, help="model name sent to the judge")
+    parser.add_argument(
+        "--judge-model",
+        required=True,
+        help="model name sent to the judge, or a LiteLLM id such as openai/o3",
+    )
     parser.add_argument(
         "--judge-base-url",
         default=None,
@@ -149,7 +148,7 @@ def print_table(results: Sequence[GroupResult], out: TextIO) -> None:
 
 
 async def _score_all(
-    groups: list[TrajectoryGroup], args: argparse.Namespace, rubric: str
+    groups: list[TrajectoryGroup], args: argparse.Namespace, options: RulerOptions
 ) -> list[GroupResult]:
     limit = asyncio.Semaphore(max(1, args.concurrency))
 
@@ -160,17 +159,7 @@ async def _score_all(
             return result
         async with limit:
             try:
-                result.judgement = await judge_group(
-                    group,
-                    args.judge_model,
-                    judge_base_url=args.judge_base_url,
-                    judge_api_key=args.judge_api_key,
-                    rubric=rubric,
-                    max_tool_result_chars=args.max_tool_result_chars,
-                    request_timeout=args.timeout,
-                    cache=not args.no_cache,
-                    cache_path=args.cache_path,
-                )
+                result.judgement = await judge_group(group, args.judge_model, options)
             except Exception as exc:  # one bad group must not stop the others
                 result.error = str(exc)
                 return result
@@ -189,35 +178,44 @@ def _write_jsonl(path: Path, groups: Sequence[TrajectoryGroup]) -> None:
     tmp.replace(path)
 
 
-def _check_args(args: argparse.Namespace) -> str:
-    """Validate the options up front (so a typo fails once, not per group); return the rubric."""
+def _check_args(args: argparse.Namespace) -> RulerOptions:
+    """Validate the options up front (so a typo fails once, not per group)."""
     if args.concurrency < 1:
         raise InputError("--concurrency must be at least 1")
     if args.max_tool_result_chars < 0:
         raise InputError("--max-tool-result-chars must be >= 0")
     if not args.timeout > 0:
         raise InputError("--timeout must be positive")
-    resolve_judge(args.judge_model, args.judge_base_url, args.judge_api_key)
-    if args.rubric is None:
-        return DEFAULT_RUBRIC
-    try:
-        rubric = args.rubric.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot read rubric {args.rubric}: {exc}") from exc
-    if not rubric.strip():
-        raise InputError(f"rubric file {args.rubric} is empty")
-    return rubric
+    rubric = DEFAULT_RUBRIC
+    if args.rubric is not None:
+        try:
+            rubric = args.rubric.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot read rubric {args.rubric}: {exc}") from exc
+        if not rubric.strip():
+            raise InputError(f"rubric file {args.rubric} is empty")
+    options = RulerOptions(
+        judge_base_url=args.judge_base_url,
+        judge_api_key=args.judge_api_key,
+        rubric=rubric,
+        max_tool_result_chars=args.max_tool_result_chars,
+        request_timeout=args.timeout,
+        cache=not args.no_cache,
+        cache_path=args.cache_path,
+    )
+    options.endpoint(args.judge_model)
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``art-core ruler``; return the exit code (0 ok, 1 a group failed, 2 bad input)."""
     try:
-        rubric = _check_args(args)
+        options = _check_args(args)
         groups = read_groups(args.file)
-    except ValueError as exc:  # InputError, or resolve_judge's configuration errors
+    except ValueError as exc:  # InputError, or the judge's configuration errors
         print(f"art-core ruler: error: {exc}", file=sys.stderr)
         return 2
-    results = asyncio.run(_score_all(groups, args, rubric))
+    results = asyncio.run(_score_all(groups, args, options))
     print_table(results, sys.stdout)
     scored = [r for r in results if r.judgement is not None]
     calls = sum(r.judgement.judge_calls for r in scored if r.judgement)

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from art_core.rewards.cache import RulerCache, cache_key
+from art_core.rewards.endpoint import JudgeEndpoint, JudgeModelLike, resolve_judge
+from art_core.rewards.options import DEFAULT_TIMEOUT_S, RulerOptions
 from art_core.rewards.prompt import (
     DEFAULT_MAX_TOOL_RESULT_CHARS,
     DEFAULT_RUBRIC,
@@ -39,32 +40,28 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI
     from openai.types.chat import ChatCompletion
 
+__all__ = [
+    "DEFAULT_JUDGE_MODEL",
+    "DEFAULT_TIMEOUT_S",
+    "JudgeEndpoint",
+    "JudgeModelLike",
+    "Judgement",
+    "RulerOptions",
+    "apply_judgement",
+    "judge_group",
+    "judge_runs",
+    "resolve_judge",
+    "ruler",
+    "ruler_score_group",
+]
+
 logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2  # the first request and exactly one retry
-DEFAULT_TIMEOUT_S = 300.0  # reasoning judges scoring 16 long runs can take minutes
-# Placeholder key for local judges (vLLM, our gateway) that check none: the openai client
-# refuses to start without one.
-_NO_KEY = "EMPTY"
+# ART's default judge (a LiteLLM id: OpenAI's o3, key from OPENAI_API_KEY).
+DEFAULT_JUDGE_MODEL = "openai/o3"
 # Errors a retry cannot fix: bad key, no access, unknown model.
 _FATAL_STATUS = {401, 403, 404}
-
-
-class JudgeModelLike(Protocol):
-    """Anything with a ``name`` (our ``Model``): its ``inference_base_url``,
-    ``inference_api_key`` and ``inference_model_name`` are used when present."""
-
-    @property
-    def name(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class JudgeEndpoint:
-    """Where the judge lives: the model name sent in requests, base URL and API key."""
-
-    model: str
-    base_url: str | None
-    api_key: str
 
 
 @dataclass(frozen=True)
@@ -86,55 +83,16 @@ class Judgement:
     truncated_tool_results: int
 
 
-def resolve_judge(
-    judge_model: str | JudgeModelLike,
-    judge_base_url: str | None = None,
-    judge_api_key: str | None = None,
-) -> JudgeEndpoint:
-    """Work out the judge's model name, base URL and API key.
-
-    Explicit arguments win, then the attributes of a model object, then ``OPENAI_BASE_URL`` /
-    ``OPENAI_API_KEY`` (as the openai client does). A judge with a base URL but no key gets a
-    placeholder key, since local servers usually check none.
-
-    Example:
-        >>> resolve_judge("qwen3", "http://127.0.0.1:8000/v1").api_key
-        'EMPTY'
-    """
-    name: Any
-    if isinstance(judge_model, str):
-        name, model_url, model_key = judge_model, None, None
-    else:
-        served = getattr(judge_model, "inference_model_name", None)
-        name = served if isinstance(served, str) and served else getattr(judge_model, "name", None)
-        model_url = getattr(judge_model, "inference_base_url", None)
-        model_key = getattr(judge_model, "inference_api_key", None)
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(
-            "judge_model must be a model name or an object with a non-empty `name`, "
-            f"got {judge_model!r}"
-        )
-    base_url = judge_base_url or model_url or os.environ.get("OPENAI_BASE_URL") or None
-    api_key = judge_api_key or model_key or os.environ.get("OPENAI_API_KEY") or None
-    if api_key is None:
-        if base_url is None:
-            raise ValueError(
-                "no API key for the RULER judge: pass judge_api_key, set OPENAI_API_KEY, or "
-                "point judge_base_url at a local OpenAI-compatible server"
-            )
-        api_key = _NO_KEY
-    return JudgeEndpoint(model=name, base_url=base_url, api_key=api_key)
+def _debug_print(title: str, text: str) -> None:
+    # debug=True is ART's switch for reading the judge's reasoning on the console.
+    print(f"[RULER] {title}:\n{text}", flush=True)
 
 
-def _check_options(rubric: str, max_tool_result_chars: int, timeout: float) -> None:
-    if not isinstance(rubric, str) or not rubric.strip():
-        raise ValueError("rubric must be a non-empty string")
-    if not isinstance(max_tool_result_chars, int) or max_tool_result_chars < 0:
-        raise ValueError(
-            f"max_tool_result_chars must be an int >= 0, got {max_tool_result_chars!r}"
-        )
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"request_timeout must be a positive number of seconds, got {timeout!r}")
+def _pretty(content: str | None) -> str:
+    try:
+        return json.dumps(json.loads(content or ""), indent=2, ensure_ascii=False)
+    except ValueError:
+        return content or "(empty reply)"
 
 
 def _scores_from_completion(
@@ -170,6 +128,7 @@ async def _request(
     structured_output: bool,
     extra_params: Mapping[str, Any],
     calls: _Calls,
+    debug: bool = False,
 ) -> dict[str, RulerScore]:
     """Ask the judge, retrying once on anything a retry might fix; raise RulerError after."""
     import openai
@@ -211,6 +170,11 @@ async def _request(
             if completion.usage is not None:
                 calls.prompt_tokens += completion.usage.prompt_tokens or 0
                 calls.completion_tokens += completion.usage.completion_tokens or 0
+            if debug and completion.choices:
+                _debug_print(
+                    f"judge reply (attempt {attempt})",
+                    _pretty(completion.choices[0].message.content),
+                )
             try:
                 return _scores_from_completion(completion, prompt.run_ids)
             except RulerReplyError as exc:
@@ -228,44 +192,49 @@ async def _request(
 
 async def judge_runs(
     message_lists: Sequence[Sequence[Message]],
-    judge_model: str | JudgeModelLike,
+    judge_model: str | JudgeModelLike = DEFAULT_JUDGE_MODEL,
+    options: RulerOptions | None = None,
     *,
-    judge_base_url: str | None = None,
-    judge_api_key: str | None = None,
-    rubric: str = DEFAULT_RUBRIC,
     tools: Sequence[Mapping[str, Any]] | None = None,
-    max_tool_result_chars: int = DEFAULT_MAX_TOOL_RESULT_CHARS,
-    request_timeout: float = DEFAULT_TIMEOUT_S,
-    extra_params: Mapping[str, Any] | None = None,
-    structured_output: bool = True,
-    cache: bool = True,
-    cache_path: str | os.PathLike[str] | None = None,
 ) -> Judgement:
     """Judge a group of runs in one request and report the scores with their cost.
 
     This is :func:`ruler` plus the bookkeeping (calls, tokens, latency, cache hit).
 
     Example:
-        >>> j = await judge_runs(runs, "qwen3", judge_base_url="http://127.0.0.1:8000/v1")  # doctest: +SKIP
+        >>> options = RulerOptions(judge_base_url="http://127.0.0.1:8000/v1")
+        >>> j = await judge_runs(runs, "qwen3", options)  # doctest: +SKIP
         >>> j.judge_calls, [s.score for s in j.scores]  # doctest: +SKIP
         (1, [0.9, 0.2])
     """
-    _check_options(rubric, max_tool_result_chars, request_timeout)
-    endpoint = resolve_judge(judge_model, judge_base_url, judge_api_key)
+    options = options or RulerOptions()
+    endpoint = options.endpoint(judge_model)
+    if options.litellm.ignored:
+        logger.debug("RULER ignores extra_litellm_params %s", ", ".join(options.litellm.ignored))
     prompt = build_judge_prompt(
-        message_lists, rubric=rubric, tools=tools, max_tool_result_chars=max_tool_result_chars
+        message_lists,
+        rubric=options.rubric,
+        tools=tools,
+        max_tool_result_chars=options.max_tool_result_chars,
     )
-    extra = dict(extra_params or {})
-    store = RulerCache(cache_path) if cache else None
+    extra = options.body_params
+    store = RulerCache(options.cache_path) if options.cache else None
     key = cache_key(
         judge_model=endpoint.model,
-        rubric=rubric,
+        rubric=options.rubric,
         request={
             "messages": prompt.messages,
-            "response_format": response_format(prompt.run_ids) if structured_output else None,
+            "response_format": (
+                response_format(prompt.run_ids) if options.structured_output else None
+            ),
             "extra_params": extra,
         },
     )
+    if options.debug:
+        _debug_print(
+            f"judge prompt for {endpoint.model}",
+            "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in prompt.messages),
+        )
 
     by_id: dict[str, RulerScore] | None = None
     if store is not None:
@@ -276,24 +245,21 @@ async def judge_runs(
                 by_id = parse_reply(json.dumps(cached), prompt.run_ids)
             except RulerReplyError as exc:
                 logger.warning("ignoring an invalid RULER cache entry: %s", exc)
+            else:
+                if options.debug:
+                    _debug_print("judge reply (from the cache)", _pretty(json.dumps(cached)))
 
     calls = _Calls()
     if by_id is None:
-        import openai
-
-        async with openai.AsyncOpenAI(
-            base_url=endpoint.base_url,
-            api_key=endpoint.api_key,
-            timeout=request_timeout,
-            max_retries=0,  # retries are ours: exactly one, and only when it can help
-        ) as client:
+        async with endpoint.client(options.timeout_s) as client:
             by_id = await _request(
                 client,
                 endpoint,
                 prompt,
-                structured_output=structured_output,
+                structured_output=options.structured_output,
                 extra_params=extra,
                 calls=calls,
+                debug=options.debug,
             )
         if store is not None:
             await store.put(
@@ -325,25 +291,28 @@ async def judge_runs(
 
 async def ruler(
     message_lists: Sequence[Sequence[Message]],
-    judge_model: str | JudgeModelLike,
+    judge_model: str | JudgeModelLike = DEFAULT_JUDGE_MODEL,
+    extra_litellm_params: Mapping[str, Any] | None = None,
+    rubric: str = DEFAULT_RUBRIC,
     *,
     judge_base_url: str | None = None,
     judge_api_key: str | None = None,
-    rubric: str = DEFAULT_RUBRIC,
     tools: Sequence[Mapping[str, Any]] | None = None,
     max_tool_result_chars: int = DEFAULT_MAX_TOOL_RESULT_CHARS,
-    request_timeout: float = DEFAULT_TIMEOUT_S,
+    request_timeout: float | None = None,
     extra_params: Mapping[str, Any] | None = None,
     structured_output: bool = True,
     cache: bool = True,
     cache_path: str | os.PathLike[str] | None = None,
+    debug: bool = False,
 ) -> list[RulerScore]:
     """Score runs (OpenAI message lists) relative to each other with one judge request.
 
     Returns one :class:`RulerScore` per input, in input order, ``trajectory_id`` being the
     1-based position. Identical runs are judged once and share the score. Raises
-    :class:`RulerError` when the judge fails twice (see :func:`ruler_score_group` for the
-    options).
+    :class:`RulerError` when the judge fails twice. The arguments are ART's (``judge_model``,
+    ``extra_litellm_params``, ``rubric``, ``debug``, in ART's order) plus ours; see
+    :func:`ruler_score_group`.
 
     Example:
         >>> base = [{"role": "user", "content": "Count to 3."}]
@@ -354,20 +323,20 @@ async def ruler(
         >>> [s.score for s in scores]  # doctest: +SKIP
         [1.0, 0.3]
     """
-    judgement = await judge_runs(
-        message_lists,
-        judge_model,
+    options = RulerOptions(
         judge_base_url=judge_base_url,
         judge_api_key=judge_api_key,
         rubric=rubric,
-        tools=tools,
         max_tool_result_chars=max_tool_result_chars,
         request_timeout=request_timeout,
         extra_params=extra_params,
+        extra_litellm_params=extra_litellm_params,
         structured_output=structured_output,
         cache=cache,
         cache_path=cache_path,
+        debug=debug,
     )
+    judgement = await judge_runs(message_lists, judge_model, options, tools=tools)
     return judgement.scores
 
 
@@ -415,46 +384,52 @@ def apply_judgement(group: TrajectoryGroup, judgement: Judgement) -> None:
     )
 
 
-async def judge_group(
-    group: TrajectoryGroup,
-    judge_model: str | JudgeModelLike,
-    **options: Any,
-) -> Judgement:
-    """Judge the trajectories of a group without changing it (see :func:`judge_runs` for the
-    options). The tools shown are the distinct tools of all its trajectories.
-
-    Example:
-        >>> judgement = await judge_group(group, "gpt-4.1")  # doctest: +SKIP
-        >>> apply_judgement(group, judgement)  # doctest: +SKIP
-    """
+def _require_finished(group: TrajectoryGroup) -> None:
     if group.pending:
         raise ValueError(
             f"the group still has {group.pending} pending rollouts: await it (or use "
             "gather_trajectory_groups) before scoring"
         )
+
+
+async def judge_group(
+    group: TrajectoryGroup,
+    judge_model: str | JudgeModelLike = DEFAULT_JUDGE_MODEL,
+    options: RulerOptions | None = None,
+) -> Judgement:
+    """Judge the trajectories of a group without changing it. The tools shown are the
+    distinct tools of all its trajectories.
+
+    Example:
+        >>> judgement = await judge_group(group, "gpt-4.1")  # doctest: +SKIP
+        >>> apply_judgement(group, judgement)  # doctest: +SKIP
+    """
+    _require_finished(group)
     tools = unique_tools([_tools_of(t) for t in group.trajectories]) or None
     return await judge_runs(
         [trajectory.messages() for trajectory in group.trajectories],
         judge_model,
+        options,
         tools=tools,
-        **options,
     )
 
 
 async def ruler_score_group(
     group: TrajectoryGroup,
-    judge_model: str | JudgeModelLike,
+    judge_model: str | JudgeModelLike = DEFAULT_JUDGE_MODEL,
+    extra_litellm_params: Mapping[str, Any] | None = None,
+    rubric: str = DEFAULT_RUBRIC,
     *,
     judge_base_url: str | None = None,
     judge_api_key: str | None = None,
-    rubric: str = DEFAULT_RUBRIC,
     swallow_exceptions: bool = False,
     max_tool_result_chars: int = DEFAULT_MAX_TOOL_RESULT_CHARS,
-    request_timeout: float = DEFAULT_TIMEOUT_S,
+    request_timeout: float | None = None,
     extra_params: Mapping[str, Any] | None = None,
     structured_output: bool = True,
     cache: bool = True,
     cache_path: str | os.PathLike[str] | None = None,
+    debug: bool = False,
 ) -> TrajectoryGroup | None:
     """Replace each trajectory's reward with its RULER score; return the (same) group.
 
@@ -463,45 +438,56 @@ async def ruler_score_group(
     ``swallow_exceptions=True``, None is returned (``gather_trajectory_groups(after_each=...)``
     then drops the group). Invalid arguments (no API key, empty rubric) always raise.
 
-    Options: ``judge_model`` is a model name or an object with ``name`` /
-    ``inference_base_url`` / ``inference_api_key`` (our ``Model``); the base URL and key fall
-    back to ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``. ``max_tool_result_chars`` caps each tool
-    result in the prompt (0 = no cap); ``request_timeout`` is per request in seconds;
-    ``extra_params`` go into the request body (e.g. ``{"temperature": 0}``);
-    ``structured_output=False`` skips ``response_format`` for judges that lack it;
-    ``cache=False`` disables the disk cache, ``cache_path`` moves it (default
-    ``$ART_CORE_CACHE_DIR/ruler.sqlite`` or ``~/.cache/art_core/ruler.sqlite``). See
-    :func:`apply_judgement` for the metrics written.
+    The judge: ``judge_model`` is a model name, a LiteLLM id as in ART (``"openai/o3"``, the
+    default; ``"anthropic/claude-sonnet-4-5"``, ``"openrouter/..."``, ``"hosted_vllm/..."``:
+    the provider's OpenAI-compatible endpoint and key variable, see
+    ``art_core.rewards.endpoint``), or an object with ``name`` / ``inference_base_url`` /
+    ``inference_api_key`` (our ``Model``). ``judge_base_url`` / ``judge_api_key`` point it at
+    any OpenAI-compatible server (the name is then sent as written); else they fall back to
+    ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``.
+
+    ART's arguments: ``extra_litellm_params`` are LiteLLM's: ``api_base``, ``api_key``,
+    ``api_version``, ``extra_headers``, ``organization`` and ``timeout`` say where to connect;
+    ``caching``, ``num_retries``, ``max_retries``, ``drop_params``, ``fallbacks``,
+    ``metadata``, ``mock_response``, ``azure_ad_token(_provider)`` and the fields RULER sets
+    itself (``model``, ``messages``, ``response_format``, ``stream``, ``n``, ``tools``) are
+    ignored; every other key (``temperature``, ``max_tokens``, ``max_completion_tokens``,
+    ``reasoning_effort``, ``top_p``, ``seed``, ...; ``extra_body``'s keys) goes into the
+    request body. ``debug=True`` prints the judge's prompt and its reply.
+
+    Ours: ``max_tool_result_chars`` caps each tool result in the prompt (0 = no cap);
+    ``request_timeout`` is per request in seconds (default 300); ``extra_params`` go into the
+    request body as given (e.g. ``{"temperature": 0}``); ``structured_output=False`` skips
+    ``response_format`` for judges that lack it; ``cache=False`` disables the disk cache,
+    ``cache_path`` moves it (default ``$ART_CORE_CACHE_DIR/ruler.sqlite`` or
+    ``~/.cache/art_core/ruler.sqlite``). See :func:`apply_judgement` for the metrics written.
 
     Example:
         >>> group = await ruler_score_group(  # doctest: +SKIP
         ...     group, "gpt-4.1", judge_base_url="http://127.0.0.1:8000/v1", swallow_exceptions=True)
         >>> [t.reward for t in group], group.metrics["ruler_judge_calls"]  # doctest: +SKIP
         ([0.9, 0.2, 0.55], 1)
+        >>> await ruler_score_group(group, "openai/o3", {"temperature": 1.0}, debug=True)  # doctest: +SKIP
     """
-    if group.pending:
-        raise ValueError(
-            f"the group still has {group.pending} pending rollouts: await it (or use "
-            "gather_trajectory_groups) before scoring"
-        )
+    _require_finished(group)
     if not group.trajectories:
         return group  # nothing to judge; every rollout of this group raised
-    _check_options(rubric, max_tool_result_chars, request_timeout)
-    resolve_judge(judge_model, judge_base_url, judge_api_key)  # configuration errors always raise
+    options = RulerOptions(
+        judge_base_url=judge_base_url,
+        judge_api_key=judge_api_key,
+        rubric=rubric,
+        max_tool_result_chars=max_tool_result_chars,
+        request_timeout=request_timeout,
+        extra_params=extra_params,
+        extra_litellm_params=extra_litellm_params,
+        structured_output=structured_output,
+        cache=cache,
+        cache_path=cache_path,
+        debug=debug,
+    )
+    options.endpoint(judge_model)  # configuration errors always raise
     try:
-        judgement = await judge_group(
-            group,
-            judge_model,
-            judge_base_url=judge_base_url,
-            judge_api_key=judge_api_key,
-            rubric=rubric,
-            max_tool_result_chars=max_tool_result_chars,
-            request_timeout=request_timeout,
-            extra_params=extra_params,
-            structured_output=structured_output,
-            cache=cache,
-            cache_path=cache_path,
-        )
+        judgement = await judge_group(group, judge_model, options)
     except Exception as exc:
         if not swallow_exceptions:
             raise

@@ -26,11 +26,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import uvicorn
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from art_core.testing.loopback import LoopbackServer
 
 RUN_RE = re.compile(r'<run id="([^"]+)">\n(.*?)\n</run>', re.DOTALL)
 HINT_RE = re.compile(r"score-hint:\s*([0-9]*\.?[0-9]+)")
@@ -70,12 +70,14 @@ def count_words(text: str) -> int:
     return len(text.split())
 
 
-class StandInJudge:
+class StandInJudge(LoopbackServer):
     """An OpenAI-compatible judge server on ``127.0.0.1`` (a free port) in a daemon thread.
 
-    ``requests`` holds each request body received, ``headers`` their headers (lower-cased);
-    ``script`` is a queue of behaviors for the next requests. ``reverse=True`` lists the
-    scores in reverse run order, to check that callers match scores by id, not position.
+    ``requests`` holds each request body received, ``headers`` their headers (lower-cased),
+    ``urls`` their paths with the query; ``script`` is a queue of behaviors for the next
+    requests. ``reverse=True`` lists the scores in reverse run order, to check that callers
+    match scores by id, not position. Besides ``/v1/chat/completions`` it answers Azure
+    OpenAI's paths (``/openai/deployments/NAME/chat/completions``, ``/openai/v1/...``).
     """
 
     def __init__(
@@ -86,64 +88,40 @@ class StandInJudge:
         reverse: bool = False,
         slow_s: float = 3.0,
     ) -> None:
+        super().__init__()
         self.rule = rule
         self.count_tokens = count_tokens
         self.reverse = reverse
         self.slow_s = slow_s
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.urls: list[str] = []
         self.script: list[Behavior] = []
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self.port = 0
 
     @property
     def base_url(self) -> str:
         """The OpenAI base URL, e.g. ``http://127.0.0.1:51234/v1``."""
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self.url}/v1"
 
     def reset(self) -> None:
         """Forget the recorded requests and the script."""
         with self._lock:
             self.requests.clear()
             self.headers.clear()
+            self.urls.clear()
             self.script.clear()
 
-    def start(self) -> StandInJudge:
-        app = Starlette(
-            routes=[
-                Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/v1/models", self._models, methods=["GET"]),
-            ]
-        )
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", access_log=False
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="stand-in-judge", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the stand-in judge server did not start")
-            time.sleep(0.01)
-        self.port = self._server.servers[0].sockets[0].getsockname()[1]
-        return self
-
-    def stop(self) -> None:
-        self._stopping.set()  # wakes "slow" handlers so shutdown does not wait for them
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def __enter__(self) -> StandInJudge:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            # Azure OpenAI: a deployment's endpoint (with ?api-version=), and the v1 API
+            Route(
+                "/openai/deployments/{deployment}/chat/completions", self._chat, methods=["POST"]
+            ),
+            Route("/openai/v1/chat/completions", self._chat, methods=["POST"]),
+        ]
 
     # -- HTTP handlers -------------------------------------------------------------------
 
@@ -164,6 +142,8 @@ class StandInJudge:
         with self._lock:
             self.requests.append(body)
             self.headers.append({k.lower(): v for k, v in request.headers.items()})
+            query = request.url.query
+            self.urls.append(request.url.path + (f"?{query}" if query else ""))
             behavior: Behavior = self.script.pop(0) if self.script else "ok"
 
         if behavior == "http_401":
@@ -176,7 +156,7 @@ class StandInJudge:
             behavior = "ok"
         if behavior == "slow":
             waited = 0.0
-            while waited < self.slow_s and not self._stopping.is_set():
+            while waited < self.slow_s and not self.stopping.is_set():
                 await asyncio.sleep(0.05)
                 waited += 0.05
             behavior = "ok"

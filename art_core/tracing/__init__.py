@@ -1,5 +1,6 @@
 """Tracing: every rollout and train step as OpenTelemetry spans (GenAI semantic conventions),
-sent to any OTLP endpoint, Langfuse or Weave; metrics to W&B; ``art-core plot`` for curves.
+sent to any OTLP endpoint, Langfuse or Weave. (Metric history, W&B and ``art-core plot`` are
+``art_core.metrics``.)
 
 Off by default. One switch: ``enable(...)`` in code, or ``ART_TRACING=otlp|langfuse|weave|console``
 (comma-separated) in the environment. Export runs in background threads with bounded queues:
@@ -21,28 +22,27 @@ from collections.abc import Mapping
 from typing import Any
 
 from art_core.tracing.settings import TracingSettings
-from art_core.tracing.state import (
-    active,
-    disable,
-    disable_wandb,
-    enable,
-    enable_wandb,
-    flush,
-    is_enabled,
-    stats,
-)
+from art_core.tracing.state import active, disable, enable, flush, is_enabled, stats
 
 __all__ = [
     "TracingSettings",
     "disable",
-    "disable_wandb",
     "enable",
-    "enable_wandb",
     "flush",
     "is_enabled",
     "record_tool_call",
     "stats",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # W&B logging moved to art_core.metrics; these names stay reachable here for code written
+    # against earlier versions (``tracing.enable_wandb(...)``).
+    if name in ("enable_wandb", "disable_wandb"):
+        from art_core import metrics
+
+        return getattr(metrics, name)
+    raise AttributeError(f"module 'art_core.tracing' has no attribute {name!r}")
 
 
 def record_tool_call(
@@ -73,7 +73,7 @@ def record_tool_call(
     if pipeline is None:
         return
     if rollout_id is None:
-        from art_core.capture import current_run
+        from art_core.run_context import current_run
 
         run = current_run()
         if run is None:

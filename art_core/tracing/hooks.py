@@ -15,36 +15,51 @@ from __future__ import annotations
 
 import time
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from art_core.tracing import state
 
 if TYPE_CHECKING:
-    from art_core.capture import Run
-    from art_core.trajectories import Trajectory, TrajectoryGroup
+    from art_core.trajectories import LLMCall, Trajectory, TrajectoryGroup
+
+
+class CapturedRun(Protocol):
+    """What tracing reads of a rollout opened by ``capture`` (``art_core.capture.Run``)."""
+
+    @property
+    def rollout_id(self) -> str: ...
+    @property
+    def model(self) -> Any: ...
+    @property
+    def start_time(self) -> float: ...
+    @property
+    def end_time(self) -> float | None: ...
+    @property
+    def final_calls(self) -> list[LLMCall] | None: ...
+
 
 # True inside the tasks gather runs a group in: their trajectories wait for after_each.
 _in_gather: ContextVar[bool] = ContextVar("art_tracing_in_gather", default=False)
 
 
-def run_started(run: Run) -> None:
+def run_started(run: CapturedRun) -> None:
     """``capture`` opened a rollout (the caller's current span/call becomes its parent)."""
     pipeline = state.active()
     if pipeline is not None:
         pipeline.run_started(run.rollout_id, run.model)
 
 
-def run_failed(run: Run, exc: BaseException) -> None:
+def run_failed(run: CapturedRun, exc: BaseException) -> None:
     """The code inside ``capture`` raised: trace the calls it made and the error."""
     pipeline = state.active()
     if pipeline is not None:
-        calls = run._final_calls or []
+        calls = run.final_calls or []
         pipeline.rollout_failed(
             run.rollout_id, calls, exc, run.start_time, run.end_time or time.time()
         )
 
 
-def trajectory_built(run: Run, trajectory: Trajectory) -> None:
+def trajectory_built(run: CapturedRun, trajectory: Trajectory) -> None:
     """``Run.trajectory()`` built a trajectory (final unless ``gather`` scores it later)."""
     pipeline = state.active()
     if pipeline is not None and not _in_gather.get():
@@ -71,34 +86,23 @@ def group_finished(finished: TrajectoryGroup, result: TrajectoryGroup | None) ->
 def train_step_finished(
     model: Any, groups: list[TrajectoryGroup], config: Any, result: Any, started: float
 ) -> None:
-    """A ``train`` call finished: trace it (linked to its rollouts) and log its metrics."""
+    """A ``train`` call finished: trace it, linked to its rollouts."""
     pipeline = state.active()
-    if pipeline is not None:
-        ids = []
-        for group in groups:
-            for trajectory in group.trajectories:
-                pipeline.rollout_finished(trajectory, model)
-                ids.append(trajectory.id)
-        dump = getattr(config, "model_dump", None)
-        pipeline.train_step(
-            model,
-            ids,
-            result.step,
-            result.metrics,
-            started,
-            time.time(),
-            result.checkpoint_path,
-            dump(mode="json") if callable(dump) else None,
-        )
-    wandb = state.wandb_logger()
-    if wandb is not None:
-        # The history's step convention: step s = the adapter that served the rollouts.
-        wandb.log(model, dict(result.metrics), step=result.step - 1)
-
-
-def history_logged(model: Any, record: dict[str, Any]) -> None:
-    """``model.log`` appended a record (e.g. validation reward) to the history."""
-    wandb = state.wandb_logger()
-    if wandb is not None:
-        metrics = {k: v for k, v in record.items() if "/" in k and isinstance(v, int | float)}
-        wandb.log(model, metrics, step=int(record.get("step", 0)))
+    if pipeline is None:
+        return
+    ids = []
+    for group in groups:
+        for trajectory in group.trajectories:
+            pipeline.rollout_finished(trajectory, model)
+            ids.append(trajectory.id)
+    dump = getattr(config, "model_dump", None)
+    pipeline.train_step(
+        model,
+        ids,
+        result.step,
+        result.metrics,
+        started,
+        time.time(),
+        result.checkpoint_path,
+        dump(mode="json") if callable(dump) else None,
+    )

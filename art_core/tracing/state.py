@@ -1,82 +1,47 @@
-"""The process-wide tracing switch: which pipeline (if any) and which W&B logger are active.
+"""The process-wide tracing switch: which pipeline (if any) is active.
 
-Tracing configuration is process-wide on purpose, like ``logging`` or OpenTelemetry's own
-provider: rollouts run in many tasks and threads (the gateway has its own loop) and must all
-see one switch. It changes only through ``enable`` / ``disable`` (under a lock); per-task
-state (whether a rollout runs inside ``gather``) lives in a ContextVar in ``hooks``.
-Standard library only until tracing is enabled.
+One ``ProcessSwitch`` (see there why it is process-wide), changed only through ``enable`` /
+``disable``; ``ART_TRACING`` applies on the first read. Per-task state (whether a rollout runs
+inside ``gather``) lives in a ContextVar in ``hooks``. Standard library only until tracing is
+enabled.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from art_core.tracing.settings import EXPORTER_NAMES, TracingSettings, env_flag, exporters_from_env
+from art_core.tracing.settings import EXPORTER_NAMES, TracingSettings, exporters_from_env
+from art_core.tracing.switch import ProcessSwitch
 
 if TYPE_CHECKING:
     from art_core.tracing.pipeline import Pipeline, Sink
-    from art_core.tracing.wandb import WandbLogger
 
 logger = logging.getLogger("art_core.tracing")
 
 EXIT_TIMEOUT_S = 5.0
 
 
-class _State:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.pipeline: Pipeline | None = None
-        self.wandb: WandbLogger | None = None
-        self.env_checked = False
-        self.exit_hook = False
-
-
-_state = _State()
-
-
-def active() -> Pipeline | None:
-    """The running pipeline, or None. The first call reads ``ART_TRACING`` / ``ART_WANDB``."""
-    if not _state.env_checked:
-        _configure_from_env()
-    return _state.pipeline
-
-
-def wandb_logger() -> WandbLogger | None:
-    if not _state.env_checked:
-        _configure_from_env()
-    return _state.wandb
-
-
 def _configure_from_env() -> None:
-    with _state.lock:
-        if _state.env_checked:
-            return
-        _state.env_checked = True
-    try:
-        names = exporters_from_env()
-        if names and _state.pipeline is None:
-            enable(names)
-        if env_flag(os.environ, "ART_WANDB", False) and _state.wandb is None:
-            enable_wandb()
-    except Exception:
-        # A bad variable must not break rollouts: say so loudly and trace nothing.
-        logger.exception("tracing: ART_TRACING / ART_WANDB could not be applied; tracing stays off")
+    names = exporters_from_env()
+    if names:
+        enable(names)
 
 
 def _exit() -> None:
     disable(EXIT_TIMEOUT_S)
-    disable_wandb(EXIT_TIMEOUT_S)
 
 
-def _register_exit_hook() -> None:
-    if not _state.exit_hook:
-        atexit.register(_exit)
-        _state.exit_hook = True
+_state: ProcessSwitch[Pipeline] = ProcessSwitch(
+    _configure_from_env, _exit, "tracing: ART_TRACING could not be applied; tracing stays off"
+)
+
+
+def active() -> Pipeline | None:
+    """The running pipeline, or None. The first call reads ``ART_TRACING``."""
+    return _state.get()
 
 
 def make_sink(
@@ -184,19 +149,14 @@ def enable(
         for sink in sinks:  # release what was built before the failure
             sink.shutdown(1.0)
         raise
-    pipeline = Pipeline(sinks, merged)
-    with _state.lock:
-        previous, _state.pipeline = _state.pipeline, pipeline
-        _register_exit_hook()
+    previous = _state.swap(Pipeline(sinks, merged))
     if previous is not None:
         previous.shutdown(EXIT_TIMEOUT_S)
 
 
 def disable(timeout_s: float = EXIT_TIMEOUT_S) -> None:
     """Stop tracing: send what is queued (waiting at most ``timeout_s``) and release exporters."""
-    with _state.lock:
-        previous, _state.pipeline = _state.pipeline, None
-        _state.env_checked = True
+    previous = _state.swap(None)
     if previous is not None:
         previous.shutdown(timeout_s)
 
@@ -204,13 +164,8 @@ def disable(timeout_s: float = EXIT_TIMEOUT_S) -> None:
 def flush(timeout_s: float = 30.0) -> bool:
     """Wait until every rollout traced so far has been handed to its backend (True) or
     ``timeout_s`` passed (False). Tests and short scripts call this before reading traces."""
-    ok = True
-    pipeline = _state.pipeline
-    if pipeline is not None:
-        ok = pipeline.flush(timeout_s)
-    if _state.wandb is not None:
-        ok = _state.wandb.flush(timeout_s) and ok
-    return ok
+    pipeline = _state.value
+    return pipeline.flush(timeout_s) if pipeline is not None else True
 
 
 def is_enabled() -> bool:
@@ -220,32 +175,5 @@ def is_enabled() -> bool:
 
 def stats() -> dict[str, Any]:
     """Counters of the running pipeline ({} when tracing is off)."""
-    pipeline = _state.pipeline
+    pipeline = _state.value
     return pipeline.stats() if pipeline is not None else {}
-
-
-def enable_wandb(project: str | None = None, entity: str | None = None, **init_kwargs: Any) -> None:
-    """Log each model's metric history (train and val records) to Weights & Biases.
-
-    One W&B run per model (resumed across processes); ``project`` defaults to
-    ``$WANDB_PROJECT``, then to the model's project. ``WANDB_MODE=offline`` works as usual.
-
-    Example:
-        >>> enable_wandb(project="agent-rl")  # doctest: +SKIP
-    """
-    from art_core.tracing.wandb import WandbLogger
-
-    logger_ = WandbLogger(project=project, entity=entity, **init_kwargs)
-    with _state.lock:
-        previous, _state.wandb = _state.wandb, logger_
-        _register_exit_hook()
-    if previous is not None:
-        previous.close(EXIT_TIMEOUT_S)
-
-
-def disable_wandb(timeout_s: float = EXIT_TIMEOUT_S) -> None:
-    """Stop logging to W&B and finish its runs."""
-    with _state.lock:
-        previous, _state.wandb = _state.wandb, None
-    if previous is not None:
-        previous.close(timeout_s)

@@ -76,15 +76,3 @@ class ScoreUpdate:
     key: str
     scores: list[Score]
     time: float
-
-
-@dataclass
-class Parents:
-    """Where a rollout's root span hangs: the caller's current span/call when it started.
-
-    ``otel`` is an OpenTelemetry ``Context`` holding the caller's span (or None); ``weave`` a
-    ``weave`` Call (the caller's ``@weave.op``), or None.
-    """
-
-    otel: Any = None
-    weave: Any = None

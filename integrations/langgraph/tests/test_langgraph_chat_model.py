@@ -7,19 +7,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import art_langgraph
 import pytest
+from art_langgraph.metadata import call_metadata, node_path
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_openai import ChatOpenAI
+from langgraph_support import TOOLS, tool_names
 
 import art_core as art
-
-pytest.register_assert_rewrite("langgraph_support")
-import art_langgraph  # noqa: E402
-from art_langgraph.metadata import call_metadata, node_path  # noqa: E402
-from langgraph_support import TOOLS, tool_names  # noqa: E402
-
-pytest_plugins = ["langgraph_support"]
 
 LLM = art_langgraph.init_chat_model(max_tokens=6)
 
@@ -113,7 +109,7 @@ async def test_a_pinned_step_name_is_recorded_in_the_rollout(
 
 
 async def test_outside_a_rollout_calls_go_to_the_plain_url_and_no_rollout_records_them(
-    langgraph_backend: art.LocalBackend, langgraph_model: art.TrainableModel
+    backend: art.LocalBackend, langgraph_model: art.TrainableModel
 ) -> None:
     bound = art_langgraph.init_chat_model(langgraph_model, max_tokens=4)
     opened = asyncio.Event()
@@ -133,7 +129,7 @@ async def test_outside_a_rollout_calls_go_to_the_plain_url_and_no_rollout_record
     assert (await concurrent).calls == []
     [unscoped] = [
         c
-        for c in langgraph_backend.store(langgraph_model).recent_unscoped()
+        for c in backend.store(langgraph_model).recent_unscoped()
         if c.messages[0]["content"] == "outside any rollout"
     ]
     assert unscoped.rollout_id is None
@@ -149,7 +145,7 @@ async def test_a_rollout_following_model_outside_a_rollout_says_what_to_do() -> 
 
 
 async def test_a_chat_model_of_another_model_is_not_recorded_in_the_rollout(
-    langgraph_backend: art.LocalBackend, langgraph_model: art.TrainableModel
+    backend: art.LocalBackend, langgraph_model: art.TrainableModel
 ) -> None:
     # e.g. a frozen judge served elsewhere: its calls are not samples of the trained policy
     judge = art.Model(

@@ -4,10 +4,8 @@ trajectories it trained on are on disk under ``trajectories/train/``.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,21 +17,13 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "langgraph_agent" /
 
 @pytest.mark.slow
 def test_example_trains_the_graph_and_keeps_what_it_trained_on(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "ART_CORE_MODELS_DIR": os.environ.get(
-            "ART_CORE_MODELS_DIR", str(Path(tempfile.gettempdir()) / "art-core-test-models")
-        ),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
     args = ["--path", str(tmp_path), "--steps", "2", "--groups-per-step", "2"]
     args += ["--rollouts-per-group", "3", "--max-tokens", "48"]
     done = subprocess.run(
         [sys.executable, str(EXAMPLE), *args],
         capture_output=True,
         text=True,
-        timeout=600,
-        env=env,
+        timeout=600,  # the models folder and tokenizer settings are inherited (pytest plugin)
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]

@@ -8,22 +8,19 @@ import asyncio
 import json
 from typing import Annotated, Any, Literal
 
+import art_langgraph
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
 from langchain_core.runnables import RunnableLambda
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
+from langgraph_support import TOOLS, tool_names
 from pydantic import BaseModel
 from typing_extensions import TypedDict
 
 import art_core as art
-
-pytest.register_assert_rewrite("langgraph_support")
-import art_langgraph  # noqa: E402
-from langgraph_support import TOOLS, assert_token_exact, tool_names  # noqa: E402
-
-pytest_plugins = ["langgraph_support"]
+from art_core.testing.checks import assert_token_exact
 
 LLM = art_langgraph.init_chat_model(max_tokens=64)
 

@@ -13,19 +13,15 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import pytest
+import art_langgraph
 from langchain.agents import create_agent
 from langchain.agents.middleware import ModelRequest, ModelResponse, wrap_model_call
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langgraph.prebuilt import create_react_agent
+from langgraph_support import TOOLS, tool_names
 
 import art_core as art
-
-pytest.register_assert_rewrite("langgraph_support")
-import art_langgraph  # noqa: E402
-from langgraph_support import TOOLS, assert_token_exact, tool_names  # noqa: E402
-
-pytest_plugins = ["langgraph_support"]
+from art_core.testing.checks import assert_token_exact
 
 # One chat model, built once, shared by every rollout below.
 LLM = art_langgraph.init_chat_model(max_tokens=64, temperature=1.0)

@@ -1,25 +1,17 @@
-"""Shared helpers of the art-mcp tests: the test servers, model fixtures, a stand-in generator.
+"""Shared helpers of the art-mcp tests: the test servers, forced settings, a stand-in generator.
 
-Imported by name from the test modules (no conftest.py: the core's tests/ has its own).
+The fixtures are in ``conftest.py`` (the gateway itself comes from art_core's pytest plugin).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault(
-    "ART_CORE_MODELS_DIR", str(Path(tempfile.gettempdir()) / "art-core-test-models")
-)
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import pytest
-from art_mcp import HttpServer, RolloutSettings, spawn_http_server
+from art_mcp import RolloutSettings
 
 import art_core as art
 
@@ -46,41 +38,8 @@ def forced(tool: str, **overrides: Any) -> RolloutSettings:
     return RolloutSettings(**values)
 
 
-@pytest.fixture(scope="module")
-async def mcp_backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art.LocalBackend]:
-    backend = art.LocalBackend(path=tmp_path_factory.mktemp("art-mcp"))
-    yield backend
-    await backend.close()
-
-
-@pytest.fixture(scope="module")
-async def mcp_model(mcp_backend: art.LocalBackend) -> art.TrainableModel:
-    model = art.TrainableModel(name="mcp-tiny", project="mcp-tests", base_model="tiny-random")
-    await model.register(mcp_backend)
-    return model
-
-
-@pytest.fixture(scope="module")
-async def faulty_http() -> AsyncIterator[HttpServer]:
-    async with spawn_http_server(FAULTY_HTTP) as server:
-        yield server
-
-
 def tool_messages(trajectory: art.Trajectory) -> list[str]:
     return [m["content"] for m in trajectory.messages() if m.get("role") == "tool"]
-
-
-def assert_token_exact(trajectory: art.Trajectory, tokenizer: Any) -> None:
-    """Every call's ids decode to its text, and each turn's prompt extends the previous
-    turn's prompt + sampled ids exactly."""
-    for call in trajectory.calls:
-        assert tokenizer.decode(call.completion_token_ids, skip_special_tokens=False) == (
-            call.completion_text
-        )
-        assert len(call.logprobs) == len(call.completion_token_ids)
-    for before, after in zip(trajectory.calls, trajectory.calls[1:], strict=False):
-        prefix = before.prompt_token_ids + before.completion_token_ids
-        assert after.prompt_token_ids[: len(prefix)] == prefix
 
 
 # ----------------------------------------------------------------------------- generator

@@ -15,7 +15,7 @@ from art_mcp import (
     input_schema_to_parameters,
     parse_server,
 )
-from mcp_support import FAULTY_STDIO, faulty_http  # noqa: F401 (fixture)
+from mcp_support import FAULTY_STDIO
 
 EXPECTED_TOOLS = ["lookup", "add", "explode", "hang", "big", "crash"]
 
@@ -54,7 +54,7 @@ async def test_stdio_server_lists_converts_and_calls_tools() -> None:
 
 
 async def test_streamable_http_server_lists_converts_and_calls_tools(
-    faulty_http: HttpServer,  # noqa: F811
+    faulty_http: HttpServer,
 ) -> None:
     assert faulty_http.url.startswith("http://127.0.0.1:") and faulty_http.url.endswith("/mcp")
     await check_session(faulty_http)

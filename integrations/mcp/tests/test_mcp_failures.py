@@ -9,27 +9,18 @@ from pathlib import Path
 import openai
 import pytest
 from art_mcp import HttpServer, ServerConnectionError, StdioServer, rollout, spawn_http_server
-from mcp_support import (  # noqa: F401 (fixtures)
-    FAULTY_HTTP,
-    FAULTY_SCRIPT,
-    FAULTY_STDIO,
-    faulty_http,
-    forced,
-    mcp_backend,
-    mcp_model,
-    tool_messages,
-)
+from mcp_support import FAULTY_HTTP, FAULTY_SCRIPT, FAULTY_STDIO, forced, tool_messages
 
 import art_core as art
 
 
 @pytest.fixture(params=["stdio", "http"])
-def server(request: pytest.FixtureRequest, faulty_http: HttpServer) -> object:  # noqa: F811
+def server(request: pytest.FixtureRequest, faulty_http: HttpServer) -> object:
     return FAULTY_STDIO if request.param == "stdio" else faulty_http
 
 
 async def test_a_tool_that_raises_is_a_tool_error_for_the_model(
-    mcp_model: art.TrainableModel,  # noqa: F811
+    mcp_model: art.TrainableModel,
     server: object,
 ) -> None:
     trajectory = await rollout(
@@ -42,7 +33,7 @@ async def test_a_tool_that_raises_is_a_tool_error_for_the_model(
 
 
 async def test_a_tool_that_hangs_times_out_as_a_tool_error(
-    mcp_model: art.TrainableModel,  # noqa: F811
+    mcp_model: art.TrainableModel,
     server: object,
 ) -> None:
     trajectory = await rollout(
@@ -53,7 +44,7 @@ async def test_a_tool_that_hangs_times_out_as_a_tool_error(
 
 
 async def test_a_one_megabyte_result_is_truncated_with_a_marker(
-    mcp_model: art.TrainableModel,  # noqa: F811
+    mcp_model: art.TrainableModel,
     server: object,
 ) -> None:
     trajectory = await rollout(
@@ -78,8 +69,8 @@ async def test_a_one_megabyte_result_is_truncated_with_a_marker(
 
 
 async def test_a_server_crash_fails_only_its_rollout_and_keeps_its_calls(
-    mcp_backend: art.LocalBackend,  # noqa: F811
-    mcp_model: art.TrainableModel,  # noqa: F811
+    backend: art.LocalBackend,
+    mcp_model: art.TrainableModel,
     tmp_path: Path,
 ) -> None:
     marker = tmp_path / "crashed"
@@ -120,13 +111,13 @@ async def test_a_server_crash_fails_only_its_rollout_and_keeps_its_calls(
     # nothing recorded is lost: the crashed rollout's LLM call is in calls.sqlite
     rollout_id = re.search(r"rollout (rollout_\w+) failed", failure.message).group(1)  # type: ignore[union-attr]
     assert "its 1 recorded LLM calls are kept" in failure.message
-    [kept] = mcp_backend.store(mcp_model).load_rollout(rollout_id)
+    [kept] = backend.store(mcp_model).load_rollout(rollout_id)
     assert kept.response_message["tool_calls"][0]["function"]["name"] == "crash"
     assert kept.completion_token_ids and kept.metadata["mcp_server"] == "crashing"
 
 
 async def test_an_http_server_that_dies_fails_the_rollout_cleanly(
-    mcp_model: art.TrainableModel,  # noqa: F811
+    mcp_model: art.TrainableModel,
 ) -> None:
     async with spawn_http_server(FAULTY_HTTP) as server:
         with pytest.raises(
@@ -136,7 +127,7 @@ async def test_an_http_server_that_dies_fails_the_rollout_cleanly(
 
 
 async def test_a_conversation_that_outgrows_the_context_ends_the_run_cleanly(
-    mcp_model: art.TrainableModel,  # noqa: F811
+    mcp_model: art.TrainableModel,
 ) -> None:
     # 60,000 characters of tool result are far more than tiny-random's 2048-token context
     trajectory = await rollout(
@@ -151,7 +142,7 @@ async def test_a_conversation_that_outgrows_the_context_ends_the_run_cleanly(
 
 
 async def test_the_server_process_is_stopped_when_a_rollout_fails_for_another_reason(
-    mcp_model: art.TrainableModel,  # noqa: F811
+    mcp_model: art.TrainableModel,
     tmp_path: Path,
 ) -> None:
     pid_file = tmp_path / "pid"

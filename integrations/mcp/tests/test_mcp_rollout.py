@@ -5,17 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from art_mcp import HttpServer, Scenario, rollout
-from mcp_support import (  # noqa: F401 (fixtures)
-    FAULTY_STDIO,
-    assert_token_exact,
-    faulty_http,
-    forced,
-    mcp_backend,
-    mcp_model,
-    tool_messages,
-)
+from mcp_support import FAULTY_STDIO, forced, tool_messages
 
 import art_core as art
+from art_core.testing.checks import assert_token_exact
 
 CAPITALS = {
     "The capital of France is Paris.",
@@ -56,8 +49,8 @@ def check_three_turns(
 
 
 async def test_multi_turn_rollout_over_stdio_is_token_exact(
-    mcp_backend: art.LocalBackend,  # noqa: F811
-    mcp_model: art.TrainableModel,  # noqa: F811
+    backend: art.LocalBackend,
+    mcp_model: art.TrainableModel,
 ) -> None:
     scenario = Scenario(task="What is the capital of Peru?", answer="Lima")
     trajectory = await rollout(
@@ -73,15 +66,13 @@ async def test_multi_turn_rollout_over_stdio_is_token_exact(
         "role": "user",
         "content": "What is the capital of Peru?",
     }
-    check_three_turns(
-        trajectory, "mcp_faulty_server", "stdio", mcp_backend.engine(mcp_model).tokenizer
-    )
+    check_three_turns(trajectory, "mcp_faulty_server", "stdio", backend.engine(mcp_model).tokenizer)
 
 
 async def test_concurrent_rollouts_over_streamable_http_keep_their_own_sessions(
-    mcp_backend: art.LocalBackend,  # noqa: F811
-    mcp_model: art.TrainableModel,  # noqa: F811
-    faulty_http: HttpServer,  # noqa: F811
+    backend: art.LocalBackend,
+    mcp_model: art.TrainableModel,
+    faulty_http: HttpServer,
 ) -> None:
     async def reward(scenario: Scenario, trajectory: art.Trajectory) -> float:
         await asyncio.sleep(0)  # async rewards are awaited
@@ -100,7 +91,7 @@ async def test_concurrent_rollouts_over_streamable_http_keep_their_own_sessions(
         )
     )
     assert len({t.id for t in trajectories}) == 4
-    tokenizer = mcp_backend.engine(mcp_model).tokenizer
+    tokenizer = backend.engine(mcp_model).tokenizer
     for i, trajectory in enumerate(trajectories):
         assert trajectory.reward == 3.0
         assert trajectory.calls[0].messages[1]["content"] == f"task {i}: a capital"
@@ -108,7 +99,7 @@ async def test_concurrent_rollouts_over_streamable_http_keep_their_own_sessions(
 
 
 async def test_complete_task_ends_the_run_with_its_answer(
-    mcp_model: art.TrainableModel,  # noqa: F811
+    mcp_model: art.TrainableModel,
 ) -> None:
     trajectory = await rollout(
         mcp_model,

@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
+from typing import Any
 
 import art_mcp
 import pytest
 from art_mcp import HttpServer, Judge, RolloutSettings, Scenario, spawn_http_server
-from mcp_support import SHOP_SCRIPT, mcp_backend  # noqa: F401 (fixture)
+from mcp_support import SHOP_SCRIPT
 
 import art_core as art
 from art_core.testing.judge import StandInJudge
+from art_core.testing.pytest_plugin import register_tiny_model
 
 sys.path.insert(0, str(SHOP_SCRIPT.parent))
 import shop_server
@@ -40,26 +41,23 @@ def shop_scenarios() -> list[Scenario]:
 
 
 async def test_train_two_steps_then_resume_for_a_third(
-    mcp_backend: art.LocalBackend,  # noqa: F811
+    backend: art.LocalBackend,
     shop: HttpServer,
 ) -> None:
-    model = art.TrainableModel(name="shop-tiny", project="mcp-tests", base_model="tiny-random")
-    await model.register(mcp_backend)
+    model = await register_tiny_model(backend, "shop-tiny", "mcp-tests")
     scenarios = shop_scenarios()
+    run: dict[str, Any] = {
+        "groups_per_step": 2,
+        "rollouts_per_group": 3,
+        "reward_fn": art_mcp.answer_reward,
+        "val_scenarios": scenarios[6:8],
+        "val_rollouts_per_scenario": 1,
+        "settings": SETTINGS,
+        "config": CONFIG,
+    }
     steps_seen: list[int] = []
     report = await art_mcp.train(
-        model,
-        shop,
-        scenarios[:6],
-        steps=2,
-        groups_per_step=2,
-        rollouts_per_group=3,
-        reward_fn=art_mcp.answer_reward,
-        val_scenarios=scenarios[6:8],
-        val_rollouts_per_scenario=1,
-        settings=SETTINGS,
-        config=CONFIG,
-        on_step=lambda r: steps_seen.append(r.step),
+        model, shop, scenarios[:6], steps=2, on_step=lambda r: steps_seen.append(r.step), **run
     )
     assert steps_seen == [0, 1] and [r.step for r in report.steps] == [0, 1]
     assert await model.get_step() == 2
@@ -70,7 +68,7 @@ async def test_train_two_steps_then_resume_for_a_third(
     assert len(report.before.rewards) == len(report.after.rewards) == 2
     assert "mean reward" in report.table() and "after (step 2)" in report.table()
 
-    folder = mcp_backend.model_folder(model)
+    folder = backend.model_folder(model)
     history = [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
     val_steps = [h["step"] for h in history if h.get("split") == "val"]
     assert val_steps == [0, 2]
@@ -80,19 +78,7 @@ async def test_train_two_steps_then_resume_for_a_third(
     assert group.trajectories[0].metadata["split"] == "train"
 
     # running again resumes from the checkpoint step: only step 2 remains
-    again = await art_mcp.train(
-        model,
-        shop,
-        scenarios[:6],
-        steps=3,
-        groups_per_step=2,
-        rollouts_per_group=3,
-        reward_fn=art_mcp.answer_reward,
-        val_scenarios=scenarios[6:8],
-        val_rollouts_per_scenario=1,
-        settings=SETTINGS,
-        config=CONFIG,
-    )
+    again = await art_mcp.train(model, shop, scenarios[:6], steps=3, **run)
     assert [r.step for r in again.steps] == [2]
     assert (again.before.step, again.after.step) == (2, 3)
     # the same step takes the same scenarios, so a resumed run follows the same schedule
@@ -102,33 +88,29 @@ async def test_train_two_steps_then_resume_for_a_third(
 
 
 async def test_train_with_ruler_judges_before_and_after_together(
-    mcp_backend: art.LocalBackend,  # noqa: F811
+    backend: art.LocalBackend,
     shop: HttpServer,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    judge: StandInJudge,  # its RULER cache is this test's: every verdict is a fresh request
 ) -> None:
-    monkeypatch.setenv("ART_CORE_CACHE_DIR", str(tmp_path))  # every verdict is a fresh request
-    model = art.TrainableModel(name="shop-ruler", project="mcp-tests", base_model="tiny-random")
-    await model.register(mcp_backend)
+    model = await register_tiny_model(backend, "shop-ruler", "mcp-tests")
     scenarios = shop_scenarios()
-    with StandInJudge() as judge:
-        report = await art_mcp.train(
-            model,
-            shop,
-            scenarios[:4],
-            steps=1,
-            groups_per_step=2,
-            rollouts_per_group=2,
-            judge=Judge(model="stand-in", base_url=judge.base_url),
-            val_scenarios=scenarios[4:6],
-            val_rollouts_per_scenario=2,
-            settings=SETTINGS,
-            config=CONFIG,
-        )
-        # 2 training groups + 2 joint validation groups (before and after runs side by side)
-        assert len(judge.requests) == 4
-        joint_prompt = judge.requests[-1]["messages"][-1]["content"]
-        assert joint_prompt.count('<run id="') == 4
+    report = await art_mcp.train(
+        model,
+        shop,
+        scenarios[:4],
+        steps=1,
+        groups_per_step=2,
+        rollouts_per_group=2,
+        judge=Judge(model="stand-in", base_url=judge.base_url),
+        val_scenarios=scenarios[4:6],
+        val_rollouts_per_scenario=2,
+        settings=SETTINGS,
+        config=CONFIG,
+    )
+    # 2 training groups + 2 joint validation groups (before and after runs side by side)
+    assert len(judge.requests) == 4
+    joint_prompt = judge.requests[-1]["messages"][-1]["content"]
+    assert joint_prompt.count('<run id="') == 4
     assert report.judged_jointly and "RULER" in report.table()
     assert len(report.before.rewards) == len(report.after.rewards) == 4
     assert all(0.0 <= r <= 1.0 for r in [*report.before.rewards, *report.after.rewards])
@@ -136,7 +118,7 @@ async def test_train_with_ruler_judges_before_and_after_together(
 
 
 async def test_train_rejects_a_run_without_a_reward(
-    mcp_backend: art.LocalBackend,  # noqa: F811
+    backend: art.LocalBackend,
 ) -> None:
     model = art.TrainableModel(name="shop-none", project="mcp-tests", base_model="tiny-random")
     with pytest.raises(ValueError, match="train needs a reward"):
@@ -175,13 +157,12 @@ def test_answer_reward_gives_partial_credit() -> None:
 
 
 async def test_train_with_dynamic_sampling_reports_what_it_discarded(
-    mcp_backend: art.LocalBackend,  # noqa: F811
+    backend: art.LocalBackend,
     shop: HttpServer,
 ) -> None:
     # A reward no run earns: every group is all-equal, grown from 2 to 4 runs and discarded,
     # until the step's budget of 12 rollouts is spent. The step is still recorded.
-    model = art.TrainableModel(name="shop-sparse", project="mcp-tests", base_model="tiny-random")
-    await model.register(mcp_backend)
+    model = await register_tiny_model(backend, "shop-sparse", "mcp-tests")
     report = await art_mcp.train(
         model,
         shop,
@@ -204,7 +185,7 @@ async def test_train_with_dynamic_sampling_reports_what_it_discarded(
     assert record.rollouts_spent == 12 and record.never_solved == 1.0
     history = [
         json.loads(line)
-        for line in (mcp_backend.model_folder(model) / "history.jsonl").read_text().splitlines()
+        for line in (backend.model_folder(model) / "history.jsonl").read_text().splitlines()
     ]
     (train,) = [h for h in history if h.get("split") == "train"]
     assert train["train/sampling_rollouts"] == 12

@@ -1,4 +1,4 @@
-"""Shared pieces of the Agents SDK tests: a gateway with tiny-random, agents, checks.
+"""Shared pieces of the Agents SDK tests: agents and checks (fixtures: ``conftest.py``).
 
 With tiny-random, free text is noise, so every test that needs a tool call forces it
 (``tool_choice`` set to the tool's name) on a bounded schema (a ``Literal`` argument), and
@@ -7,22 +7,12 @@ runs end through ``tool_use_behavior="stop_on_first_tool"`` or a short final tur
 
 from __future__ import annotations
 
-import itertools
-import os
-import tempfile
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any, Literal
 
-os.environ.setdefault(
-    "ART_CORE_MODELS_DIR", str(Path(tempfile.gettempdir()) / "art-core-test-models")
-)
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import pytest
 from agents import Agent, ModelSettings, function_tool
 
 import art_core as art
+from art_core.testing import checks
 
 CITIES = ("Paris", "Tokyo", "Lima")
 # A forced call to get_weather / transfer_to_weather takes 30-40 tiny-random tokens.
@@ -58,44 +48,15 @@ def triage_agent(target: Agent[Any], **settings: Any) -> Agent[Any]:
     )
 
 
-def decode(backend: art.LocalBackend, model: art.TrainableModel, ids: list[int]) -> str:
-    return str(backend.engine(model).tokenizer.decode(ids, skip_special_tokens=False))
-
-
 def assert_token_exact(
     backend: art.LocalBackend, model: art.TrainableModel, trajectory: art.Trajectory
 ) -> None:
-    """Every call's recorded ids decode to its text, with one logprob per sampled id."""
-    for call in trajectory.calls:
-        assert call.rollout_id == trajectory.id
-        assert decode(backend, model, call.completion_token_ids) == call.completion_text
-        assert len(call.logprobs) == len(call.completion_token_ids) > 0
-
-
-def assert_prefix_chain(calls: list[art.LLMCall]) -> None:
-    """Each call's prompt starts with the previous call's prompt + sampled ids."""
-    for before, after in itertools.pairwise(calls):
-        prefix = before.prompt_token_ids + before.completion_token_ids
-        assert after.prompt_token_ids[: len(prefix)] == prefix
+    """Every call's recorded ids decode to its text, with one logprob per sampled id (an agent
+    run may hold several agents, whose prompts do not chain: see ``checks.assert_prefix_chain``)."""
+    checks.assert_token_exact(trajectory, backend.engine(model).tokenizer, prefix_chain=False)
 
 
 def tool_call_of(call: art.LLMCall) -> tuple[str, str]:
     """(tool name, JSON arguments) of a call that made exactly one tool call."""
     [tool_call] = call.response_message["tool_calls"]
     return tool_call["function"]["name"], tool_call["function"]["arguments"]
-
-
-@pytest.fixture(scope="module")
-async def agents_backend(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[art.LocalBackend]:
-    backend = art.LocalBackend(path=tmp_path_factory.mktemp("art-openai-agents"))
-    yield backend
-    await backend.close()
-
-
-@pytest.fixture(scope="module")
-async def agents_model(agents_backend: art.LocalBackend) -> art.TrainableModel:
-    model = art.TrainableModel(name="tiny-agents", project="tests", base_model="tiny-random")
-    await model.register(agents_backend)
-    return model

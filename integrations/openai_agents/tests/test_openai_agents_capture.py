@@ -11,9 +11,6 @@ from agents import RunConfig, Runner
 from art_openai_agents import ArtModelProvider
 from openai_agents_support import (
     CITIES,
-    agents_backend,
-    agents_model,
-    assert_prefix_chain,
     assert_token_exact,
     tool_call_of,
     triage_agent,
@@ -21,12 +18,11 @@ from openai_agents_support import (
 )
 
 import art_core as art
-
-__all__ = ["agents_backend", "agents_model"]  # fixtures, used by name
+from art_core.testing.checks import assert_prefix_chain
 
 
 async def test_function_tool_call_and_its_output(
-    agents_backend: art.LocalBackend, agents_model: art.TrainableModel
+    backend: art.LocalBackend, agents_model: art.TrainableModel
 ) -> None:
     agent = weather_agent(stop_on_tool=False)
     trajectory = await art_openai_agents.rollout(
@@ -42,7 +38,7 @@ async def test_function_tool_call_and_its_output(
     tool_message = second.messages[-1]
     assert tool_message["role"] == "tool" and tool_message["content"] == f"sunny in {city}"
     assert second.request_params.get("tool_choice") in (None, "auto")  # reset after the call
-    assert_token_exact(agents_backend, agents_model, trajectory)
+    assert_token_exact(backend, agents_model, trajectory)
     assert_prefix_chain(trajectory.calls)
 
     summary = trajectory.metadata["openai_agents"]
@@ -56,7 +52,7 @@ async def test_function_tool_call_and_its_output(
 
 
 async def test_handoff_between_two_agents(
-    agents_backend: art.LocalBackend, agents_model: art.TrainableModel
+    backend: art.LocalBackend, agents_model: art.TrainableModel
 ) -> None:
     triage = triage_agent(weather_agent())
     trajectory = await art_openai_agents.rollout(
@@ -71,7 +67,7 @@ async def test_handoff_between_two_agents(
     assert json.loads(weather_call.messages[-1]["content"]) == {"assistant": "weather"}
     _, arguments = tool_call_of(weather_call)
     city = json.loads(arguments)["city"]
-    assert_token_exact(agents_backend, agents_model, trajectory)
+    assert_token_exact(backend, agents_model, trajectory)
 
     summary = trajectory.metadata["openai_agents"]
     assert summary["agents"] == ["triage", "weather"]
@@ -97,7 +93,7 @@ async def test_train_agents_keeps_only_the_chosen_agents_calls(
 
 
 async def test_16_concurrent_runs_hold_exactly_their_own_calls(
-    agents_backend: art.LocalBackend, agents_model: art.TrainableModel
+    backend: art.LocalBackend, agents_model: art.TrainableModel
 ) -> None:
     provider = ArtModelProvider(agents_model)
     # handoff, forced tool call, then an answer after the tool's output: 3 calls per run
@@ -132,7 +128,7 @@ async def test_16_concurrent_runs_hold_exactly_their_own_calls(
             "content": f"sunny in {city}",
             "tool_call_id": tool.response_message["tool_calls"][0]["id"],
         }
-        assert_token_exact(agents_backend, agents_model, trajectory)
+        assert_token_exact(backend, agents_model, trajectory)
         assert_prefix_chain([tool, answer])  # same agent, same tools: one exact sequence
         # the spans recorded for this rollout are this rollout's own
         summary = trajectory.metadata["openai_agents"]
@@ -198,10 +194,10 @@ async def test_wrap_rollout_and_a_user_run_config(agents_model: art.TrainableMod
 
 
 async def test_outside_a_rollout_calls_go_to_plain_inference(
-    agents_backend: art.LocalBackend, agents_model: art.TrainableModel
+    backend: art.LocalBackend, agents_model: art.TrainableModel
 ) -> None:
     assert art.current_run() is None
-    store = agents_backend.store(agents_model)
+    store = backend.store(agents_model)
     config = RunConfig(model_provider=ArtModelProvider(agents_model))
     result = await Runner.run(weather_agent(), "Weather now?", run_config=config)
     assert result.final_output.startswith("sunny in ")

@@ -13,22 +13,18 @@ from agents.mcp import MCPServerStdio
 from art_openai_agents import ArtModelProvider
 from openai_agents_support import (
     TOOL_TOKENS,
-    agents_backend,
-    agents_model,
     assert_token_exact,
     tool_call_of,
 )
 
 import art_core as art
 
-__all__ = ["agents_backend", "agents_model"]  # fixtures, used by name
-
 SERVER_SCRIPT = Path(__file__).with_name("openai_agents_mcp_server.py")
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Peru": "Lima"}
 
 
 async def test_mcp_server_over_stdio_in_concurrent_rollouts(
-    agents_backend: art.LocalBackend, agents_model: art.TrainableModel
+    backend: art.LocalBackend, agents_model: art.TrainableModel
 ) -> None:
     server = MCPServerStdio(
         params={"command": sys.executable, "args": [str(SERVER_SCRIPT)]},
@@ -62,7 +58,7 @@ async def test_mcp_server_over_stdio_in_concurrent_rollouts(
         name, arguments = tool_call_of(call)
         country = json.loads(arguments)["country"]
         assert name == "capital_of" and country in CAPITALS
-        assert_token_exact(agents_backend, agents_model, trajectory)
+        assert_token_exact(backend, agents_model, trajectory)
 
         summary = trajectory.metadata["openai_agents"]
         assert summary["mcp_servers"] == ["capitals"]

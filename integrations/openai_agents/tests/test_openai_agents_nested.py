@@ -18,8 +18,6 @@ from agents import (
 from art_openai_agents import ArtModelProvider
 from openai_agents_support import (
     TOOL_TOKENS,
-    agents_backend,
-    agents_model,
     assert_token_exact,
     tool_call_of,
     weather_agent,
@@ -28,15 +26,13 @@ from pydantic import BaseModel
 
 import art_core as art
 
-__all__ = ["agents_backend", "agents_model"]  # fixtures, used by name
-
 
 class Verdict(BaseModel):
     topic: Literal["weather", "other"]
 
 
 async def test_guardrail_agent_calls_are_captured_and_tagged(
-    agents_backend: art.LocalBackend, agents_model: art.TrainableModel
+    backend: art.LocalBackend, agents_model: art.TrainableModel
 ) -> None:
     config = RunConfig(model_provider=ArtModelProvider(agents_model))
     # structured output: the gateway enforces the JSON schema, so the verdict always parses
@@ -65,7 +61,7 @@ async def test_guardrail_agent_calls_are_captured_and_tagged(
     assert guard_call.metadata["guardrail"] == "topic_check"
     assert json.loads(guard_call.response_message["content"]) == {"topic": verdicts[0]}
     assert weather_call.metadata["agent"] == "weather" and "guardrail" not in weather_call.metadata
-    assert_token_exact(agents_backend, agents_model, trajectory)
+    assert_token_exact(backend, agents_model, trajectory)
     summary = trajectory.metadata["openai_agents"]
     assert summary["guardrails"] == [
         {"name": "topic_check", "triggered": False, "agent": "weather"}
@@ -84,7 +80,7 @@ class WeatherQuestion(BaseModel):
 
 
 async def test_agent_used_as_a_tool_is_tagged_with_the_tool(
-    agents_backend: art.LocalBackend, agents_model: art.TrainableModel
+    backend: art.LocalBackend, agents_model: art.TrainableModel
 ) -> None:
     forecaster = weather_agent()
     orchestrator = Agent(
@@ -105,7 +101,7 @@ async def test_agent_used_as_a_tool_is_tagged_with_the_tool(
     assert outer.metadata["agent"] == "orchestrator" and "tool" not in outer.metadata
     assert inner.metadata["agent"] == "weather" and inner.metadata["tool"] == "ask_forecaster"
     assert tool_call_of(outer)[0] == "ask_forecaster"
-    assert_token_exact(agents_backend, agents_model, trajectory)
+    assert_token_exact(backend, agents_model, trajectory)
     summary = trajectory.metadata["openai_agents"]
     assert summary["agents"] == ["orchestrator", "weather"]
     tools = {(c["agent"], c["tool"]) for c in summary["tool_calls"]}

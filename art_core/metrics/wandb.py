@@ -15,7 +15,7 @@ from typing import Any
 
 from art_core.tracing.worker import Worker
 
-logger = logging.getLogger("art_core.tracing")
+logger = logging.getLogger("art_core.metrics")
 
 
 def run_id(project: str, name: str) -> str:
@@ -103,5 +103,5 @@ class WandbLogger:
             try:
                 run.finish()
             except Exception:
-                logger.exception("tracing: a W&B run failed to finish")
+                logger.exception("metrics: a W&B run failed to finish")
         self.runs.clear()

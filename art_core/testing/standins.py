@@ -6,8 +6,8 @@
   in-memory exporter instead).
 - ``OtlpCollector``: an OTLP/HTTP traces receiver that decodes the protobuf it gets.
 
-Each is a real HTTP server on ``127.0.0.1`` (a free port) in a daemon thread that records
-what it receives.
+Each is a ``LoopbackServer`` (a real HTTP server on ``127.0.0.1``, a free port, in a daemon
+thread) that records what it receives.
 
 Example:
     >>> with WeaveStandIn() as server:  # doctest: +SKIP
@@ -20,16 +20,15 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from art_core.testing.loopback import LoopbackServer
 
 Handler = Callable[[Request, Any], Awaitable[Any]]
 
@@ -44,56 +43,19 @@ class Received:
     headers: dict[str, str]
 
 
-class LoopbackServer:
-    """A Starlette app served on 127.0.0.1 in a daemon thread; subclasses add ``routes``."""
+class RecordingServer(LoopbackServer):
+    """A loopback server that keeps every request it received in ``requests``."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.requests: list[Received] = []
         self._lock = threading.Lock()
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self.port = 0
-
-    def routes(self) -> list[Route]:
-        raise NotImplementedError
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def record(self, request: Request, body: Any) -> None:
         with self._lock:
             self.requests.append(
                 Received(request.method, request.url.path, body, dict(request.headers))
             )
-
-    def start(self) -> LoopbackServer:
-        app = Starlette(routes=self.routes())
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, name=type(self).__name__, daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"{type(self).__name__} did not start")
-            time.sleep(0.01)
-        self.port = self._server.servers[0].sockets[0].getsockname()[1]
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> Any:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 async def _json_body(request: Request) -> Any:
@@ -112,7 +74,7 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(repr(value).encode()).hexdigest()[:32]
 
 
-class WeaveStandIn(LoopbackServer):
+class WeaveStandIn(RecordingServer):
     """What ``weave.init`` and the Weave client need from W&B and the Weave trace server.
 
     ``calls`` maps call ids to the call as the client sent it (start and end merged);
@@ -232,7 +194,7 @@ class WeaveStandIn(LoopbackServer):
         ]
 
 
-class LangfuseStandIn(LoopbackServer):
+class LangfuseStandIn(RecordingServer):
     """The Langfuse API's score ingestion (``POST /api/public/scores``); ``scores`` lists them."""
 
     def __init__(self) -> None:
@@ -258,7 +220,7 @@ class LangfuseStandIn(LoopbackServer):
         ]
 
 
-class OtlpCollector(LoopbackServer):
+class OtlpCollector(RecordingServer):
     """An OTLP/HTTP receiver: ``spans`` holds every span received, decoded to dicts with
     ``name``, ``trace_id``, ``span_id``, ``parent_span_id`` (hex), ``attributes``, ``events``."""
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import html
-import json
 import math
 import sys
 from collections import defaultdict
@@ -17,6 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from art_core.files import atomic_write_text
+from art_core.model_folder import ModelFolder
 
 # (file stem, title, y label, history metrics drawn on it)
 PANELS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
@@ -43,30 +45,6 @@ class PlotResult:
     @property
     def html(self) -> Path | None:
         return next((f for f in self.files if f.suffix == ".html"), None)
-
-
-def read_history(path: Path) -> list[dict[str, Any]]:
-    """The records of a ``history.jsonl`` (blank lines skipped; a bad line names its number).
-
-    Example:
-        >>> read_history(Path("/nonexistent/history.jsonl"))
-        Traceback (most recent call last):
-        ...
-        FileNotFoundError: no history at /nonexistent/history.jsonl
-    """
-    if not path.is_file():
-        raise FileNotFoundError(f"no history at {path}")
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
-        if isinstance(record, dict):
-            records.append(record)
-    return records
 
 
 def metric_series(records: Sequence[dict[str, Any]]) -> dict[str, Series]:
@@ -153,10 +131,13 @@ def plot_history(model_dir: Path, out_dir: Path | None = None) -> PlotResult:
         import matplotlib  # noqa: F401
     except ImportError as exc:
         raise ImportError("plots need matplotlib: pip install 'art-core[plot]'") from exc
-    model_dir = Path(model_dir)
-    series = metric_series(read_history(model_dir / "history.jsonl"))
+    folder = ModelFolder(Path(model_dir))
+    if not folder.history.is_file():
+        raise FileNotFoundError(f"no history at {folder.history}")
+    model_dir = folder.root
+    series = metric_series(folder.read_history())
     if not series:
-        raise ValueError(f"{model_dir / 'history.jsonl'} has no metrics to plot")
+        raise ValueError(f"{folder.history} has no metrics to plot")
     out = Path(out_dir) if out_dir is not None else model_dir / "plots"
     out.mkdir(parents=True, exist_ok=True)
     result = PlotResult(series=series)
@@ -169,7 +150,7 @@ def plot_history(model_dir: Path, out_dir: Path | None = None) -> PlotResult:
         _draw(path, title, ylabel, curves)
         images.append(path)
     page = out / "index.html"
-    page.write_text(_html(model_dir, images, series), encoding="utf-8")
+    atomic_write_text(page, _html(model_dir, images, series))
     result.files = [*images, page]
     return result
 

@@ -1,0 +1,45 @@
+"""Checks that a recorded rollout is token-exact: what tests of any integration assert.
+
+Token-exact means the ids trained on are the ids sampled: each call's sampled ids decode to
+the recorded text with one logprob per id, and (for one agent talking turn after turn) each
+call's prompt starts with the previous call's prompt and sampled ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from art_core.trajectories import LLMCall, Trajectory
+
+
+def assert_prefix_chain(calls: Sequence[LLMCall]) -> None:
+    """Each call's prompt ids start with the previous call's prompt + sampled ids.
+
+    Example:
+        >>> assert_prefix_chain(trajectory.calls)  # doctest: +SKIP
+    """
+    for before, after in itertools.pairwise(calls):
+        prefix = before.prompt_token_ids + before.completion_token_ids
+        assert after.prompt_token_ids[: len(prefix)] == prefix
+
+
+def assert_token_exact(
+    trajectory: Trajectory, tokenizer: Any, *, prefix_chain: bool = True
+) -> None:
+    """Every call belongs to ``trajectory``'s rollout, its sampled ids decode to its text, with
+    one logprob per sampled id (and at least one id); with ``prefix_chain`` (one agent's
+    consecutive turns) the prompts chain too (:func:`assert_prefix_chain`).
+
+    Example:
+        >>> assert_token_exact(run.trajectory(), backend.engine(model).tokenizer)  # doctest: +SKIP
+    """
+    for call in trajectory.calls:
+        assert call.rollout_id == trajectory.id
+        decoded = tokenizer.decode(call.completion_token_ids, skip_special_tokens=False)
+        assert decoded == call.completion_text
+        assert len(call.logprobs) == len(call.completion_token_ids) > 0
+    if prefix_chain:
+        assert_prefix_chain(trajectory.calls)

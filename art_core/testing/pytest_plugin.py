@@ -1,0 +1,118 @@
+"""A pytest plugin for code built on art_core: one gateway with a tiny-random model per session.
+
+Enable it with ``-p art_core.testing.pytest_plugin`` (e.g. ``addopts`` in your pytest
+configuration, as art_core's own tests and its integrations do) or
+``pytest_plugins = ["art_core.testing.pytest_plugin"]`` in a top-level ``conftest.py``.
+
+What it gives:
+
+- ``ART_CORE_MODELS_DIR`` defaults to one folder under the system's temporary directory, so the
+  embedded models are built once per machine, not once per test (CI sets its own);
+  ``TOKENIZERS_PARALLELISM`` defaults to ``false`` (no fork warnings from tokenizers);
+- the ``slow`` marker (end-to-end tests, still run in CI: deselect with ``-m "not slow"``);
+- session fixtures ``art_path`` (a temporary ``.art`` folder), ``backend`` (a
+  ``LocalBackend`` there) and ``tiny_model`` (``tiny-random`` registered on it);
+- ``register_tiny_model(backend, name, project)`` for a suite's own model on that backend;
+- ``judge_server`` (one ``StandInJudge`` for the session) and ``judge`` (that judge, reset for
+  the test, with RULER's cache in the test's temporary folder and no judge endpoint or key from
+  the machine's environment: ``OPENAI_*`` and the provider variables of LiteLLM ids).
+
+The async fixtures run on the session's event loop: configure pytest-asyncio with
+``asyncio_default_fixture_loop_scope = "session"`` and ``asyncio_default_test_loop_scope =
+"session"`` (a loop per test would outlive nothing the session fixtures hold).
+
+Example:
+    >>> # conftest.py:  pytest_plugins = ["art_core.testing.pytest_plugin"]
+    >>> async def test_one_call(tiny_model):  # doctest: +SKIP
+    ...     async with art.capture(tiny_model) as run:
+    ...         await run.openai_client().chat.completions.create(...)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import pytest_asyncio
+
+if TYPE_CHECKING:
+    import art_core as art
+    from art_core.testing.judge import StandInJudge
+
+os.environ.setdefault(
+    "ART_CORE_MODELS_DIR", str(Path(tempfile.gettempdir()) / "art-core-test-models")
+)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The checks' asserts explain their failures like a test's own asserts do.
+pytest.register_assert_rewrite("art_core.testing.checks")
+
+SLOW_MARKER = "slow: end-to-end tests on the embedded smollm2-135m model (still run in CI)"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", SLOW_MARKER)
+
+
+async def register_tiny_model(
+    backend: art.LocalBackend, name: str, project: str = "tests"
+) -> art.TrainableModel:
+    """A ``tiny-random`` model registered on ``backend`` (seeded: the same weights each time).
+
+    Example:
+        >>> model = await register_tiny_model(backend, "lg-tiny", "langgraph")  # doctest: +SKIP
+    """
+    import art_core as art
+
+    model = art.TrainableModel(name=name, project=project, base_model="tiny-random")
+    await model.register(backend)
+    return model
+
+
+@pytest.fixture(scope="session")
+def art_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A temporary ``.art`` folder for the session's backend."""
+    return tmp_path_factory.mktemp("art")
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def backend(art_path: Path) -> AsyncIterator[art.LocalBackend]:
+    """One ``LocalBackend`` (engines, gateway, trainer) for the whole session."""
+    import art_core as art
+
+    async with art.LocalBackend(path=art_path) as local:
+        yield local
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def tiny_model(backend: art.LocalBackend) -> art.TrainableModel:
+    """``tiny-random`` (name ``tiny``, project ``tests``) served by ``backend``."""
+    return await register_tiny_model(backend, "tiny", "tests")
+
+
+@pytest.fixture(scope="session")
+def judge_server() -> Iterator[StandInJudge]:
+    """One stand-in RULER judge (an OpenAI-compatible server on loopback) for the session."""
+    from art_core.testing.judge import StandInJudge
+
+    with StandInJudge() as server:
+        yield server
+
+
+@pytest.fixture
+def judge(
+    judge_server: StandInJudge, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> StandInJudge:
+    """The stand-in judge with no requests, script or reversed replies left from other tests;
+    RULER's cache under ``tmp_path``; the machine's judge settings out of the environment."""
+    from art_core.rewards.endpoint import JUDGE_ENV_VARS
+
+    judge_server.reset()
+    judge_server.reverse = False
+    monkeypatch.setenv("ART_CORE_CACHE_DIR", str(tmp_path / "cache"))
+    for name in JUDGE_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return judge_server
