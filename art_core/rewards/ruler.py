@@ -34,7 +34,7 @@ from art_core.rewards.reply import (
     parse_reply,
     response_format,
 )
-from art_core.trajectories import Trajectory, TrajectoryGroup
+from art_core.trajectories import Trajectory, TrajectoryGroup, require_finished
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -384,14 +384,6 @@ def apply_judgement(group: TrajectoryGroup, judgement: Judgement) -> None:
     )
 
 
-def _require_finished(group: TrajectoryGroup) -> None:
-    if group.pending:
-        raise ValueError(
-            f"the group still has {group.pending} pending rollouts: await it (or use "
-            "gather_trajectory_groups) before scoring"
-        )
-
-
 async def judge_group(
     group: TrajectoryGroup,
     judge_model: str | JudgeModelLike = DEFAULT_JUDGE_MODEL,
@@ -404,7 +396,7 @@ async def judge_group(
         >>> judgement = await judge_group(group, "gpt-4.1")  # doctest: +SKIP
         >>> apply_judgement(group, judgement)  # doctest: +SKIP
     """
-    _require_finished(group)
+    require_finished([group])
     tools = unique_tools([_tools_of(t) for t in group.trajectories]) or None
     return await judge_runs(
         [trajectory.messages() for trajectory in group.trajectories],
@@ -469,7 +461,7 @@ async def ruler_score_group(
         ([0.9, 0.2, 0.55], 1)
         >>> await ruler_score_group(group, "openai/o3", {"temperature": 1.0}, debug=True)  # doctest: +SKIP
     """
-    _require_finished(group)
+    require_finished([group])
     if not group.trajectories:
         return group  # nothing to judge; every rollout of this group raised
     options = RulerOptions(
