@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,18 +34,33 @@ class Run:
         self.start_time = time.time()
         self.end_time: float | None = None
         self._final_calls: list[LLMCall] | None = None
+        # Clients handed out for this rollout: their connections close when it ends.
+        self._clients: list[AsyncOpenAI | OpenAI] = []
 
     @property
     def model_name(self) -> str:
         return self.model.get_inference_name()
 
     def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
-        """An ``openai.AsyncOpenAI`` client whose calls are recorded in this rollout."""
-        return async_openai_client(self.base_url, self.model.inference_api_key or "art", **kwargs)
+        """An ``openai.AsyncOpenAI`` client whose calls are recorded in this rollout; its
+        connections are closed when the capture block exits."""
+        client = async_openai_client(self.base_url, self.model.inference_api_key or "art", **kwargs)
+        self._clients.append(client)
+        return client
 
     def sync_openai_client(self, **kwargs: Any) -> OpenAI:
-        """The synchronous ``openai.OpenAI`` equivalent, for sync agent code."""
-        return sync_openai_client(self.base_url, self.model.inference_api_key or "art", **kwargs)
+        """The synchronous ``openai.OpenAI`` equivalent, for sync agent code (closed with the
+        capture block too)."""
+        client = sync_openai_client(self.base_url, self.model.inference_api_key or "art", **kwargs)
+        self._clients.append(client)
+        return client
+
+    async def _close_clients(self) -> None:
+        clients, self._clients = self._clients, []
+        for client in clients:
+            closing = client.close()
+            if inspect.isawaitable(closing):
+                await closing
 
     async def fetch_calls(self, *, release: bool = False) -> list[LLMCall]:
         """The calls recorded so far, in the order they were issued."""
@@ -129,6 +145,7 @@ async def capture(
     finally:
         exit_run(token)
         run.end_time = time.time()
+        await run._close_clients()
         run._final_calls = await run.fetch_calls(release=True)
         if error is not None:
             tracing.run_failed(run, error)
