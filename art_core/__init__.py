@@ -14,13 +14,34 @@ from art_core.cpu import prefer_passive_openmp
 # slows torch work in proportion instead of many times over (see art_core/cpu.py).
 prefer_passive_openmp()
 
+from art_core import dev  # noqa: E402
+from art_core.backends.base import Backend  # noqa: E402
 from art_core.backends.local import LocalBackend  # noqa: E402
 from art_core.backends.remote import RemoteBackend  # noqa: E402
+from art_core.batches import trajectory_group_batches  # noqa: E402
 from art_core.capture import Run, capture, current_run  # noqa: E402
-from art_core.gather import TooManyExceptions, gather_trajectory_groups  # noqa: E402
+from art_core.gather import (  # noqa: E402
+    TooManyExceptions,
+    gather_trajectories,
+    gather_trajectory_groups,
+)
+from art_core.messages import (  # noqa: E402
+    Message,
+    MessageOrChoice,
+    Messages,
+    MessagesAndChoices,
+    Tools,
+)
 from art_core.model import Model, TrainableModel  # noqa: E402
+from art_core.retry import retry  # noqa: E402
 from art_core.sampling import SamplingReport, ScenarioHistory, ScenarioSampler  # noqa: E402
-from art_core.trajectories import LLMCall, RolloutException, Trajectory, TrajectoryGroup  # noqa: E402
+from art_core.trajectories import (  # noqa: E402
+    History,
+    LLMCall,
+    RolloutException,
+    Trajectory,
+    TrajectoryGroup,
+)
 
 if TYPE_CHECKING:  # imported lazily below; these lines give type checkers the real types
     from art_core.rewards import DEFAULT_RUBRIC, ruler, ruler_score_group
@@ -29,8 +50,14 @@ if TYPE_CHECKING:  # imported lazily below; these lines give type checkers the r
 
 __all__ = [
     "DEFAULT_RUBRIC",
+    "Backend",
+    "History",
     "LLMCall",
     "LocalBackend",
+    "Message",
+    "MessageOrChoice",
+    "Messages",
+    "MessagesAndChoices",
     "Model",
     "RemoteBackend",
     "RolloutException",
@@ -39,6 +66,7 @@ __all__ = [
     "ScenarioHistory",
     "ScenarioSampler",
     "TooManyExceptions",
+    "Tools",
     "TrainConfig",
     "TrainResult",
     "TrainableModel",
@@ -47,9 +75,13 @@ __all__ = [
     "TrajectoryGroup",
     "capture",
     "current_run",
+    "dev",
+    "gather_trajectories",
     "gather_trajectory_groups",
+    "retry",
     "ruler",
     "ruler_score_group",
+    "trajectory_group_batches",
 ]
 
 

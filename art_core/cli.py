@@ -14,6 +14,7 @@ from importlib.metadata import entry_points
 
 # module path -> imported lazily, so `art-core --help` stays fast and optional parts stay optional
 COMMANDS: list[str] = [
+    "art_core.art_alias_cli",
     "art_core.demo",
     "art_core.engines.cli",
     "art_core.rewards.cli",

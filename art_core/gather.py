@@ -67,7 +67,7 @@ async def gather_trajectory_groups(
         )
     pending = list(groups)
     total = sum(g.pending if isinstance(g, TrajectoryGroup) else 1 for g in pending)
-    limit = max_exceptions if max_exceptions >= 1 or max_exceptions == 0 else max_exceptions * total
+    limit = exception_limit(max_exceptions, total)
     bar = tqdm(total=total, desc=pbar_desc, disable=pbar_desc is None, unit="rollout")
     stats = {"exceptions": 0, "reward_sum": 0.0, "done": 0, "completion_tokens": 0}
     semaphore = asyncio.Semaphore(max_concurrent_groups) if max_concurrent_groups else None
@@ -76,9 +76,9 @@ async def gather_trajectory_groups(
         tracing.gathering()  # this task's rollouts are traced once after_each has run
         if semaphore is not None:
             async with semaphore:
-                finished = await _run_group(group)
+                finished = await run_group(group)
         else:
-            finished = await _run_group(group)
+            finished = await run_group(group)
         stats["exceptions"] += len(finished.exceptions)
         for trajectory in finished.trajectories:
             stats["done"] += 1
@@ -113,7 +113,88 @@ async def gather_trajectory_groups(
     return [g for g in results if g is not None]
 
 
-async def _run_group(group: Awaitable[TrajectoryGroup] | TrajectoryGroup) -> TrajectoryGroup:
+def exception_limit(max_exceptions: int | float, total: int) -> float:
+    """How many rollouts may raise: ``max_exceptions`` itself, or, when it is a fraction
+    (0 < x < 1), that share of ``total``.
+
+    Example:
+        >>> exception_limit(3, 100), exception_limit(0.05, 100)
+        (3, 5.0)
+    """
+    if max_exceptions < 0:
+        raise ValueError(f"max_exceptions must be >= 0, got {max_exceptions!r}")
+    return max_exceptions if max_exceptions >= 1 or max_exceptions == 0 else max_exceptions * total
+
+
+async def gather_trajectories(
+    trajectories: Iterable[Awaitable[Trajectory] | Awaitable[Iterable[Trajectory]]],
+    *,
+    pbar_desc: str | None = "gather",
+    pbar_total_completion_tokens: bool = True,
+    max_exceptions: int | float = 0,
+) -> list[Any]:
+    """Run rollouts concurrently; return their results in input order (ART's spelling).
+
+    A rollout may return one ``Trajectory`` or several (an iterable, e.g. both players of a
+    game). With ``max_exceptions`` (a count, or a fraction of the rollouts when < 1) a rollout
+    that raises leaves its exception in its place in the list; one more than allowed raises
+    ``TooManyExceptions``. ``pbar_total_completion_tokens`` is accepted for ART code; the bar
+    always shows the tokens recorded.
+
+    Example:
+        >>> trajectories = await gather_trajectories(rollout(model, s) for s in scenarios)
+        ... # doctest: +SKIP
+    """
+    del pbar_total_completion_tokens  # ART's progress-bar option; the bar always counts tokens
+    pending = list(trajectories)
+    limit = exception_limit(max_exceptions, len(pending))
+    bar = tqdm(total=len(pending), desc=pbar_desc, disable=pbar_desc is None, unit="rollout")
+    stats = {"exceptions": 0, "reward_sum": 0.0, "done": 0, "completion_tokens": 0}
+
+    async def one(awaitable: Awaitable[Any]) -> Any:
+        try:
+            result = await awaitable
+        except Exception as exc:
+            stats["exceptions"] += 1
+            bar.update(1)
+            if stats["exceptions"] > limit:
+                raise TooManyExceptions(
+                    f"{stats['exceptions']} rollouts raised (max_exceptions={max_exceptions}); "
+                    f"last: {type(exc).__name__}: {exc}"
+                ) from exc
+            return exc
+        if isinstance(result, Trajectory):
+            found = [result]
+        elif isinstance(result, Iterable) and not isinstance(result, str | bytes | dict):
+            result = list(result)
+            found = result
+        else:
+            found = []
+        if not found or not all(isinstance(t, Trajectory) for t in found):
+            raise TypeError(
+                f"a rollout returned {type(result).__name__}, not a Trajectory or trajectories"
+            )
+        for trajectory in found:
+            stats["done"] += 1
+            stats["reward_sum"] += trajectory.reward
+            stats["completion_tokens"] += trajectory.num_completion_tokens
+        bar.update(1)
+        bar.set_postfix(_postfix(stats), refresh=False)
+        return result
+
+    tasks = [asyncio.ensure_future(one(t)) for t in pending]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
+    finally:
+        bar.close()
+
+
+async def run_group(group: Awaitable[TrajectoryGroup] | TrajectoryGroup) -> TrajectoryGroup:
+    """Run one group's pending rollouts (or await an awaitable of a group)."""
     result: Any = await group if not isinstance(group, TrajectoryGroup) else await group.run()
     if isinstance(result, TrajectoryGroup):
         return result

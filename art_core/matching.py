@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from art_core.gateway.store import CallStore
+from art_core.messages import is_choice
 from art_core.trajectories import LLMCall, Trajectory
 
 
@@ -38,22 +39,30 @@ def _find(choice: dict[str, Any], store: CallStore) -> LLMCall | None:
 def attach_recorded_calls(trajectory: Trajectory, store: CallStore) -> Trajectory:
     """The trajectory with ``calls`` filled from its choices (unchanged if it has calls).
 
+    The choices of ``additional_histories`` count too: each history's calls become their own
+    training sequences (they share no prefix with the main conversation).
     Raises ``ValueError`` naming the choice that matches no recorded call.
 
     Example:
         >>> attach_recorded_calls(Trajectory(messages_and_choices=[...]), store)  # doctest: +SKIP
     """
-    if trajectory.calls or not trajectory.messages_and_choices:
+    histories = [("messages_and_choices", trajectory.messages_and_choices)] + [
+        (f"additional_histories[{i}].messages_and_choices", history.messages_and_choices)
+        for i, history in enumerate(trajectory.additional_histories)
+    ]
+    if trajectory.calls or not any(items for _, items in histories):
         return trajectory
-    calls = []
-    for position, item in enumerate(trajectory.messages_and_choices):
-        if "message" not in item or "finish_reason" not in item:
-            continue
-        call = _find(item, store)
-        if call is None:
-            raise ValueError(
-                f"trajectory {trajectory.id}: the choice at messages_and_choices[{position}] "
-                "matches no call recorded by this model's gateway (was it served by it?)"
-            )
-        calls.append(call)
+    calls: list[LLMCall] = []
+    for where, items in histories:
+        for position, item in enumerate(items):
+            if not is_choice(item):
+                continue
+            call = _find(item, store)
+            if call is None:
+                raise ValueError(
+                    f"trajectory {trajectory.id}: the choice at {where}[{position}] "
+                    "matches no call recorded by this model's gateway (was it served by it?)"
+                )
+            if all(call.id != seen.id for seen in calls):
+                calls.append(call)
     return trajectory.model_copy(update={"calls": calls})

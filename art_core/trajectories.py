@@ -10,10 +10,21 @@ import asyncio
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Iterable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Iterable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+)
+
+from art_core.messages import MessageList, is_choice, message_of, plain_message
 
 JSONScalar = float | int | bool | str | None
 
@@ -88,51 +99,91 @@ class LLMCall(BaseModel):
         return [*self.messages, self.response_message]
 
 
-def _as_plain_dict(value: Any) -> dict[str, Any]:
-    """Messages may arrive as openai / pydantic objects; store them as plain JSON dicts."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", exclude_none=True)
-    if isinstance(value, dict):
-        return value
-    raise TypeError(
-        f"a message or choice must be a dict or a pydantic model, got {type(value).__name__}"
-    )
+def _plain_items(value: Any) -> list[dict[str, Any]]:
+    """``messages_and_choices`` as JSON dicts (openai ``Choice`` objects dumped)."""
+    if value is None:
+        return []
+    if isinstance(value, str | bytes | dict) or not isinstance(value, Iterable):
+        raise ValueError(
+            f"messages_and_choices must be a list of messages and choices, got {type(value).__name__}"
+        )
+    try:
+        return [plain_message(item) for item in value]
+    except TypeError as exc:  # a ValueError becomes a validation error naming the field
+        raise ValueError(str(exc)) from None
 
 
-def _is_choice(item: dict[str, Any]) -> bool:
-    return "message" in item and "finish_reason" in item
+# Plain JSON dicts, kept so by ``MessageList`` however the list is changed afterwards.
+PlainMessagesAndChoices = Annotated[
+    list[dict[str, Any]], BeforeValidator(_plain_items), AfterValidator(MessageList)
+]
+
+
+class History(BaseModel):
+    """A further conversation of a rollout (ART's ``additional_histories``): a sub-agent's
+    calls, or the turns after the agent compacted its context. Its choices are trained on
+    with the trajectory's reward, as their own sequences.
+
+    Example:
+        >>> History(messages_and_choices=[{"role": "user", "content": "Summarize."}]).messages()
+        [{'role': 'user', 'content': 'Summarize.'}]
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    messages_and_choices: PlainMessagesAndChoices = Field(default_factory=MessageList)
+    tools: list[dict[str, Any]] | None = None
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The OpenAI messages: each choice turned into its assistant message."""
+        return [_chat_message(item) for item in self.messages_and_choices]
+
+    def choices(self) -> list[dict[str, Any]]:
+        """The choices (the items trained on), in order."""
+        return [item for item in self.messages_and_choices if is_choice(item)]
+
+
+def _chat_message(item: dict[str, Any]) -> dict[str, Any]:
+    if not is_choice(item):
+        return item
+    # A choice's message as the next request takes it (ART's shape): unset fields left out.
+    message = message_of(item)
+    return {key: value for key, value in message.items() if value is not None or key == "content"}
 
 
 class Trajectory(BaseModel):
     """One rollout: the LLM calls it made, its reward, metrics, metadata and logs.
 
     Built by ``art_core.capture`` from the gateway's record, or by hand ART-style from
-    ``messages_and_choices`` (choices returned by the gateway are matched to their recorded
-    calls before training).
+    ``messages_and_choices``: the ``Choice`` objects the gateway returned (appended, inserted,
+    assigned or passed to the constructor, as objects or dicts) are stored as JSON and matched
+    to their recorded calls before training.
 
     Example:
         >>> t = Trajectory(messages_and_choices=[{"role": "user", "content": "2+2?"}], reward=1.0)
+        >>> t.messages_and_choices.append(
+        ...     {"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"})
+        >>> t.messages()[-1]
+        {'role': 'assistant', 'content': '4'}
         >>> Trajectory.model_validate_json(t.model_dump_json()).reward
         1.0
     """
 
-    model_config = ConfigDict(extra="forbid")
+    # validate_assignment: `trajectory.messages_and_choices = [...]` is converted like the
+    # constructor's argument (and `trajectory.reward = nan` is refused).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     id: str = Field(default_factory=lambda: new_id("rollout"))
     calls: list[LLMCall] = Field(default_factory=list)
-    messages_and_choices: list[dict[str, Any]] = Field(default_factory=list)
+    messages_and_choices: PlainMessagesAndChoices = Field(default_factory=MessageList)
     tools: list[dict[str, Any]] | None = None
+    additional_histories: list[History] = Field(default_factory=list)
     reward: float = 0.0
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
     start_time: float = Field(default_factory=time.time)
     end_time: float | None = None
-
-    @field_validator("messages_and_choices", mode="before")
-    @classmethod
-    def _plain_messages(cls, value: Any) -> list[dict[str, Any]]:
-        return [_as_plain_dict(item) for item in (value or [])]
 
     @field_validator("reward")
     @classmethod
@@ -148,24 +199,52 @@ class Trajectory(BaseModel):
         plus the answer); ART-style trajectories have their choices turned into messages.
         """
         if self.messages_and_choices:
-            return [
-                _as_plain_dict(item["message"]) if _is_choice(item) else item
-                for item in self.messages_and_choices
-            ]
+            return [_chat_message(item) for item in self.messages_and_choices]
         if not self.calls:
             return []
         return self.calls[-1].conversation()
 
     def choices(self) -> list[dict[str, Any]]:
         """The ART-style choices of a hand-built trajectory, in order."""
-        return [item for item in self.messages_and_choices if _is_choice(item)]
+        return [item for item in self.messages_and_choices if is_choice(item)]
 
     def log(self, message: str) -> None:
         self.logs.append(message)
 
+    def finish(self) -> Trajectory:
+        """Mark the rollout finished: ``end_time`` and ``metrics["duration"]`` (seconds).
+
+        Example:
+            >>> Trajectory().finish().metrics["duration"] >= 0
+            True
+        """
+        self.end_time = time.time()
+        self.metrics["duration"] = self.end_time - self.start_time
+        return self
+
+    @asynccontextmanager
+    async def track_duration(self, metric_name: str) -> AsyncIterator[None]:
+        """Add the time spent inside the block to ``metrics[f"{metric_name}_duration"]``.
+
+        Example:
+            >>> async with trajectory.track_duration("tool"):  # doctest: +SKIP
+            ...     result = await call_tool()
+        """
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            key = f"{metric_name}_duration"
+            self.metrics[key] = float(self.metrics.get(key, 0.0)) + time.monotonic() - started
+
     @property
     def num_completion_tokens(self) -> int:
-        return sum(call.num_completion_tokens for call in self.calls)
+        """Tokens sampled: by the recorded calls, or, for an ART-style trajectory whose calls
+        are not attached yet, by its choices (their ``token_ids``)."""
+        if self.calls:
+            return sum(call.num_completion_tokens for call in self.calls)
+        choices = [*self.choices(), *(c for h in self.additional_histories for c in h.choices())]
+        return sum(len(choice.get("token_ids") or ()) for choice in choices)
 
 
 class RolloutException(BaseModel):

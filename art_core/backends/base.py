@@ -104,9 +104,16 @@ class BackendBase:
     """
 
     @staticmethod
-    def train_config(config: TrainConfig | None, overrides: Mapping[str, Any]) -> TrainConfig:
+    def train_config(
+        config: TrainConfig | None,
+        overrides: Mapping[str, Any],
+        *,
+        model: TrainableModel | None = None,
+    ) -> TrainConfig:
         """``config`` (default: ``TrainConfig()``) with ART-style keyword ``overrides``.
 
+        With ``model``, the knobs of its ART ``_internal_config`` that mean something here
+        (``art_core.dev.apply``) fill the fields that neither ``config`` nor ``overrides`` set.
         Raises ``TypeError`` naming an override that is not a ``TrainConfig`` field, and
         ``ValueError`` (pydantic's) for a value out of its range.
         """
@@ -115,6 +122,11 @@ class BackendBase:
         base = TrainConfig() if config is None else config
         if not isinstance(base, TrainConfig):
             raise TypeError(f"config must be a TrainConfig, got {type(base).__name__}")
+        internal = getattr(model, "_internal_config", None)
+        if internal:
+            from art_core.dev.apply import internal_overrides
+
+            overrides = {**internal_overrides(internal, base, overrides), **overrides}
         if not overrides:
             return base
         unknown = sorted(set(overrides) - set(TrainConfig.model_fields))

@@ -282,7 +282,7 @@ class LocalBackend(BackendBase):
         thread, the new adapter is loaded and serving resumes; a step that trained nothing
         (see ``TrainResult.nothing_trained``) leaves the served adapter as it was.
         """
-        config = self.train_config(config, overrides)
+        config = self.train_config(config, overrides, model=model)
         entry = self._entry(model)
         groups = list(trajectory_groups)
         require_finished(groups)

@@ -224,7 +224,7 @@ class RemoteBackend(BackendBase):
         """One training step on the server, its progress streamed back (see the module)."""
         from art_core.training.config import TrainResult
 
-        config = self.train_config(config, overrides)
+        config = self.train_config(config, overrides, model=model)
         groups = list(trajectory_groups)
         require_finished(groups)
         job_id = new_id("job")

@@ -90,6 +90,10 @@ def _parse_one(body: str, tool_names: set[str]) -> dict[str, Any] | None:
         payload = json.loads(body)
     except json.JSONDecodeError:
         return None
+    return _call_of(payload, tool_names)
+
+
+def _call_of(payload: Any, tool_names: set[str]) -> dict[str, Any] | None:
     if not isinstance(payload, dict):
         return None
     name = payload.get("name")
@@ -102,6 +106,12 @@ def _parse_one(body: str, tool_names: set[str]) -> dict[str, Any] | None:
 def _parse_partial(body: str, tool_names: set[str]) -> dict[str, Any] | None:
     """The call an unfinished block was writing: its tool (a complete name, or the one tool
     a cut name can still become) and its arguments so far; None when no tool is certain."""
+    try:  # the call's JSON is whole and only the closing tag was cut: that call, exactly
+        payload, _ = json.JSONDecoder().raw_decode(body.lstrip())
+    except json.JSONDecodeError:
+        payload = None
+    if payload is not None:
+        return _call_of(payload, tool_names)
     match = _PARTIAL_NAME.match(body)
     if match is None:
         return None

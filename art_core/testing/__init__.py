@@ -7,7 +7,9 @@ users can test offline too.
 - ``judge``: ``StandInJudge``, an OpenAI-compatible judge on loopback (RULER, generators);
 - ``standins``: loopback stand-ins of OTLP, Langfuse and Weave;
 - ``loopback``: ``LoopbackServer``, the real HTTP server under every stand-in;
-- ``tools``: tool definitions whose calls a random model can make (``WEATHER_TOOL``).
+- ``tools``: tool definitions whose calls a random model can make (``WEATHER_TOOL``);
+- ``fine_tuned``: ``fine_tuned_stand_in``, tiny-random fine-tuned to answer in a format (a
+  game's moves, short sentences / JSON / tool calls) for tests that need one.
 
 Nothing here is imported by ``art_core`` itself.
 """

@@ -10,11 +10,14 @@ Finished tool calls (function spans, MCP tools included) also go to the project'
 
 By default the SDK exports every trace to OpenAI's servers. ``configure_tracing`` replaces the
 SDK's processors with ours, so nothing leaves the machine unless the user asks for it
-(``export_to_openai=True``).
+(``export_to_openai=True``). That holds also for a trace that was already open when the
+provider was made (inside ``agents.trace(...)``): the SDK's exporter queues a trace as it
+starts and sends it from a worker thread seconds later, so what it queued is dropped too.
 """
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,6 +101,36 @@ def configure_tracing(
 
         chosen.append(default_processor())
     set_trace_processors(chosen)
+    if not export_to_openai:
+        discard_queued_exports()
+
+
+def discard_queued_exports() -> int:
+    """Drop what the SDK's OpenAI exporter has queued and not sent yet; how many items.
+
+    The SDK's ``BatchTraceProcessor`` queues a trace when it starts (and spans as they end)
+    and a worker thread sends them about every 5 s. Once it is no longer among the
+    processors, nothing new is queued, but what it already holds (a trace opened before the
+    provider was made) would still go out. The SDK has no public call to drop it: this reads
+    its module's processor and queue, and does nothing when they are not there (never
+    created, or another SDK version).
+
+    Example:
+        >>> discard_queued_exports()
+        0
+    """
+    from agents.tracing import processors as sdk_processors
+
+    pending = getattr(getattr(sdk_processors, "_global_processor", None), "_queue", None)
+    if not isinstance(pending, queue.Queue):
+        return 0
+    dropped = 0
+    while True:
+        try:
+            pending.get_nowait()
+        except queue.Empty:
+            return dropped
+        dropped += 1
 
 
 def tracing_installed() -> bool:
