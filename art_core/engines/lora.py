@@ -57,6 +57,31 @@ def lora_forward(
     return out.add_(update)  # serving: one op, cast on the fly
 
 
+def lora_forward_rows(
+    linear: nn.Linear,
+    groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    x: torch.Tensor,
+) -> torch.Tensor:
+    """``linear(x)`` plus, for each ``(A.T, (scale*B).T, rows)`` group, that adapter's update
+    on those rows only: one batch serves rows of several adapters (rows of none get none).
+
+    Example:
+        >>> layer = nn.Linear(4, 3, bias=False)
+        >>> x = torch.ones(2, 1, 4)
+        >>> groups = [(torch.ones(4, 1), torch.ones(1, 3), torch.tensor([1]))]
+        >>> out = lora_forward_rows(layer, groups, x)
+        >>> torch.equal(out[0], layer(x)[0]), torch.allclose(out[1], layer(x)[1] + 4)
+        (True, True)
+    """
+    out = base_linear(linear, x)
+    for a_t, scaled_b_t, rows in groups:
+        chosen = x.index_select(0, rows)
+        flat = chosen.reshape(-1, chosen.shape[-1]).float()
+        update = torch.mm(torch.mm(flat, a_t), scaled_b_t)
+        out.index_add_(0, rows, update.view(*chosen.shape[:-1], -1).to(out.dtype))
+    return out
+
+
 class _Adapted:
     """One linear layer of the model and the LoRA deltas loaded for it, by adapter name."""
 
@@ -73,6 +98,16 @@ class _Adapted:
             # An instance attribute shadows the class's forward; the module tree, parameter
             # names and ``lm_head.weight``-style accesses all stay as they were.
             self.linear.forward = functools.partial(lora_forward, self.linear, *delta)  # type: ignore[method-assign]
+
+    def apply_rows(self, rows_by_name: dict[str, torch.Tensor]) -> None:
+        """Make the layer add each adapter's update to its own rows of the batch."""
+        groups = [
+            (*self.deltas[name], rows) for name, rows in rows_by_name.items() if name in self.deltas
+        ]
+        if not groups:
+            restore_forward(self.linear)
+        else:
+            self.linear.forward = functools.partial(lora_forward_rows, self.linear, groups)  # type: ignore[method-assign]
 
 
 @dataclass
@@ -177,6 +212,10 @@ class LoraServer:
         self._layers: dict[str, _Adapted] = {}
         self._names: set[str] = set()
         self._active: str | None = None
+        # The adapter of each row of the running batch (``use_rows``), and adapters removed
+        # while rows still used them: freed once no row does.
+        self._rows: tuple[str | None, ...] | None = None
+        self._deferred: set[str] = set()
 
     @property
     def names(self) -> list[str]:
@@ -228,24 +267,63 @@ class LoraServer:
                 scaled_b.to(device).t().contiguous(),
             )
         self._names.add(name)
+        self._deferred.discard(name)  # loaded again under its name: keep it
 
     def remove(self, name: str) -> None:
-        """Forget adapter ``name`` (no-op when it is not loaded)."""
+        """Forget adapter ``name`` (no-op when it is not loaded). Rows of the running batch
+        that use it keep it until they finish (``use_rows`` frees it then)."""
+        if self._rows is not None and name in self._rows:
+            self._deferred.add(name)
+            self._names.discard(name)
+            return
         if self._active == name:
             self.activate(None)
         for layer in self._layers.values():
             layer.deltas.pop(name, None)
         self._names.discard(name)
+        self._deferred.discard(name)
 
     def activate(self, name: str | None) -> None:
         """Serve adapter ``name`` (None: the base model) in every forward from now on."""
         if name is not None and name not in self._names:
             raise KeyError(f"adapter {name!r} is not loaded")
-        if name == self._active:
+        if name == self._active and self._rows is None:
             return
         for layer in self._layers.values():
             layer.apply(name)
-        self._active = name
+        self._active, self._rows = name, None
+
+    def use_rows(self, names: list[str | None]) -> None:
+        """Serve row ``i`` of every following forward with adapter ``names[i]`` (None: the
+        base model): one batch holds rows of several adapters, e.g. requests that started on
+        step ``s`` finishing while new ones already run on step ``s + 1``. One adapter for
+        all rows takes the plain single-adapter path (no row indexing).
+        """
+        key = tuple(names)
+        if key == self._rows:
+            return
+        for name in set(key) - {None}:
+            if name not in self._names and name not in self._deferred:
+                raise KeyError(f"adapter {name!r} is not loaded")
+        distinct = set(key)
+        if len(distinct) <= 1:
+            single = next(iter(distinct), None)
+            for layer in self._layers.values():
+                layer.apply(single)
+        else:
+            rows: dict[str, list[int]] = {}
+            for i, name in enumerate(key):
+                if name is not None:
+                    rows.setdefault(name, []).append(i)
+            device = next(iter(self.model.parameters())).device
+            indices = {n: torch.tensor(r, dtype=torch.long, device=device) for n, r in rows.items()}
+            for layer in self._layers.values():
+                layer.apply_rows(indices)
+        self._active, self._rows = None, key
+        for name in [n for n in self._deferred if n not in distinct]:
+            self._deferred.discard(name)
+            for layer in self._layers.values():
+                layer.deltas.pop(name, None)
 
     def uninstall(self) -> None:
         """Serve the plain model again and forget every adapter."""

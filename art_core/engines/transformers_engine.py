@@ -13,7 +13,8 @@ import asyncio
 import logging
 import threading
 from collections import OrderedDict, deque
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,10 @@ class _Row:
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
     stop_string: str | None = None
+
+
+class _AfterBatch(Exception):
+    """An op that must wait for the running batch to end (it changes every layer)."""
 
 
 class TransformersEngine(ServesAdapters):
@@ -124,6 +129,12 @@ class TransformersEngine(ServesAdapters):
         self._model_lock: asyncio.Lock | None = None
         self._paused = False
         self._scheduler: asyncio.Task[None] | None = None
+        # Work on the model that must not wait for a batch to end (loading an adapter while
+        # serving): run by the torch thread between decode steps, or by the scheduler when
+        # no batch runs.
+        self._ops: list[tuple[Callable[[], Any], Future[Any]]] = []
+        self._ops_lock = threading.Lock()
+        self._decoding = False
         self.batches_run = 0
         self.rows_served = 0
         # All torch work runs on one thread (``worker``, shared with the trainer by
@@ -252,10 +263,41 @@ class TransformersEngine(ServesAdapters):
             self._wake.set()
 
     async def load_adapter(self, path: Path, step: int, *, name: str | None = None) -> None:
-        """Load a PEFT adapter folder between batches and serve it by default from now on."""
-        assert self._model_lock is not None
-        async with self._model_lock:
-            await self._in_worker(self._load_adapter, Path(path), step, name or f"step-{step}")
+        """Load a PEFT adapter folder and serve it by default from now on.
+
+        With the engine's own LoRA layers this happens between two decode steps, without
+        draining: rows already running finish on the adapter they started with (one batch
+        serves rows of several adapters) and new requests start on the new one. With peft
+        (adapters our layers cannot serve), it waits for the running batch to end.
+        """
+        await self._run_op(lambda: self._load_adapter(Path(path), step, name or f"step-{step}"))
+
+    async def _run_op(self, op: Callable[[], Any]) -> Any:
+        """Run ``op`` on the torch thread as soon as the model may change (see ``_ops``)."""
+        if self._wake is None:
+            raise EngineError("the engine is not started")
+        future: Future[Any] = Future()
+        with self._ops_lock:
+            self._ops.append((op, future))
+        self._wake.set()
+        return await asyncio.wrap_future(future)
+
+    def _run_ops(self) -> None:
+        """On the torch thread: run the queued ops, in order; each fails alone. An op that
+        cannot run inside a batch (``_AfterBatch``) waits for its end."""
+        with self._ops_lock:
+            ops, self._ops = self._ops, []
+        waiting = []
+        for op, future in ops:
+            try:
+                future.set_result(op())
+            except _AfterBatch:
+                waiting.append((op, future))
+            except BaseException as exc:
+                future.set_exception(exc)
+        if waiting:  # run again at the batch's end (``_run_batch`` runs the ops then)
+            with self._ops_lock:
+                self._ops[:0] = waiting
 
     def _load_adapter(self, path: Path, step: int, name: str) -> None:
         if not (path / "adapter_config.json").is_file():
@@ -264,6 +306,8 @@ class TransformersEngine(ServesAdapters):
             try:
                 self._lora.load(name, path)
             except UnsupportedAdapter as exc:
+                if self._decoding:
+                    raise _AfterBatch from exc  # the switch to peft changes every layer
                 logger.info("serving adapters with peft from now on: %s", exc)
                 self._switch_to_peft()
         if self._lora is None:
@@ -307,6 +351,9 @@ class TransformersEngine(ServesAdapters):
         while True:
             await self._wake.wait()
             self._wake.clear()
+            if self._ops:
+                async with self._model_lock:
+                    await self._in_worker(self._run_ops)
             await self._gather_arrivals()
             while self._queue and not self._paused:
                 async with self._model_lock:
@@ -365,7 +412,8 @@ class TransformersEngine(ServesAdapters):
                 name = adapter.name if adapter else "base"
                 key = name if key is None and not batch else key
                 n = pending.request.params.n
-                if name != key or rows + n > room:
+                # Our LoRA layers serve rows of several adapters in one batch; peft does not.
+                if (name != key and self._lora is None) or rows + n > room:
                     kept.append(pending)
                     continue
                 pending.adapter = adapter
@@ -446,8 +494,13 @@ class TransformersEngine(ServesAdapters):
         joined: list[_Pending] = []
         try:
             if self._lora is not None:
-                self._lora.activate(None if adapter is None or adapter.step == 0 else adapter.name)
-                self._decode(batch, joined)
+                self._decoding = True
+                try:
+                    self._decode(batch, joined)
+                finally:
+                    self._decoding = False
+                    self._lora.use_rows([])  # adapters dropped meanwhile are freed now
+                    self._run_ops()
             elif adapter is None or adapter.step == 0:
                 if hasattr(self.model, "disable_adapter") and self._adapters:
                     with self.model.disable_adapter():
@@ -484,9 +537,22 @@ class TransformersEngine(ServesAdapters):
             ],
         )
 
+    def _use_rows(self, rows: list[_Row]) -> None:
+        """Tell our LoRA layers which adapter each row of the next forward uses."""
+        if self._lora is not None:
+            self._lora.use_rows(
+                [
+                    None
+                    if row.pending.adapter is None or row.pending.adapter.step == 0
+                    else row.pending.adapter.name
+                    for row in rows
+                ]
+            )
+
     def _prefill(self, rows: list[_Row]) -> _BatchState:
         from transformers import DynamicCache
 
+        self._use_rows(rows)
         device = self.device
         prompts = [row.pending.request.prompt_token_ids for row in rows]
         width = max(len(p) for p in prompts)
@@ -520,6 +586,8 @@ class TransformersEngine(ServesAdapters):
         state = self._prefill(rows)
         key = batch[0].adapter.name if batch[0].adapter else "base"
         while True:
+            if self._lora is not None:
+                self._run_ops()  # e.g. a new adapter, between two steps
             next_ids = self._sample(state.logits, state.rows)
             sampled = next_ids.tolist()
             keep = [
@@ -529,6 +597,7 @@ class TransformersEngine(ServesAdapters):
             ]
             state.select(keep)
             if keep:
+                self._use_rows(state.rows)
                 state.step(self.model, next_ids[keep])
             new_rows: list[_Row] = []
             while not new_rows and not self._paused:
