@@ -18,7 +18,7 @@ import math
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +172,7 @@ class Trainer:
         *,
         on_progress: ProgressCallback | None = None,
         groups: Sequence[TrajectoryGroup] = (),
+        data_metrics: Mapping[str, float] | None = None,
     ) -> TrainResult:
         """Supervised epochs on ``records`` and write checkpoint ``latest_step() + 1``.
 
@@ -179,7 +180,8 @@ class Trainer:
         over each batch of ``config.resolved_batch_size`` records (see ``training.sft``).
         Same adapter, optimizer state, checkpoints and history as ``train_step``: the history
         record has split ``sft`` and ``sft/...`` metrics, under the step the call started
-        from; ``groups`` (the data as trajectories) go to ``trajectories/sft/{step:04d}.jsonl``.
+        from; ``groups`` (the data as trajectories) go to ``trajectories/sft/{step:04d}.jsonl``
+        and ``data_metrics`` (e.g. how many records were rendered) join the metrics.
         Every record is checked before the first update; a failure leaves no checkpoint.
 
         Example:
@@ -221,6 +223,7 @@ class Trainer:
                             started=started,
                         ),
                     )
+                metrics.update(data_metrics or {})
                 return self._save(step, step + 1, list(groups), config, metrics, split="sft")
             except BaseException:
                 # The weights in memory may be half-updated: reload the latest checkpoint next.
