@@ -149,11 +149,38 @@ def test_weight_zero_turns_are_context() -> None:
     record["messages"][2]["weight"] = 0
     assert [t.trained for t in chat_turns(demo(record))] == [False, True]
     record["messages"][4]["weight"] = 0
-    with pytest.raises(ValueError, match=r"rec: no assistant turn to train on \(every assistant"):
+    with pytest.raises(ValueError, match=r"rec: no assistant turn to train on \(each has weight 0"):
         chat_turns(demo(record))
     record["messages"][1]["weight"] = 1
     with pytest.raises(ValueError, match=r"messages\[1\]: 'weight' is 0 or 1, on assistant"):
         chat_turns(demo(record))
+
+
+def test_answers_cut_by_max_tokens_are_context_unless_recorded() -> None:
+    cut_choice = {
+        "finish_reason": "length",
+        "index": 0,
+        "message": tool_call("get_price", '{"item": "pe'),
+    }
+    trajectory = art.Trajectory(
+        messages_and_choices=[
+            {"role": "user", "content": "pear?"},
+            {"role": "assistant", "content": "Let me look."},
+            {"role": "user", "content": "go on"},
+            cut_choice,
+        ],
+        tools=TOOLS,
+    )
+    turns = chat_turns(Demonstration("t", trajectory))
+    assert [t.trained for t in turns] == [True, False]
+    assert [t.trained for t in chat_turns(Demonstration("t", trajectory), "last")] == [True, False]
+    only_cut = art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": "x"}, cut_choice], tools=TOOLS
+    )
+    with pytest.raises(
+        ValueError, match="t: no assistant turn to train on .each has weight 0 or was cut"
+    ):
+        chat_turns(Demonstration("t", only_cut))
 
 
 def test_bad_records_are_named() -> None:
@@ -203,3 +230,23 @@ def test_recorded_calls_are_turns() -> None:
     wrong = call.model_copy(update={"response_message": tool_call("nope", "{}")})
     with pytest.raises(ValueError, match=r"r: calls\[0\] calls tool 'nope'"):
         chat_turns(Demonstration("r", art.Trajectory(calls=[wrong])))
+
+
+def test_a_recorded_call_cut_by_max_tokens_is_trained_as_sampled() -> None:
+    """GRPO trains on the ids of a tool call cut by ``max_tokens``; token-exact SFT too. From
+    elsewhere (a teacher's call) it is no finished turn: not trained on."""
+    cut = art.LLMCall(
+        model="m",
+        messages=[{"role": "user", "content": "hi"}],
+        tools=TOOLS,
+        prompt_token_ids=[1],
+        completion_token_ids=[2],
+        logprobs=[-0.1],
+        finish_reason="length",
+        response_message={**tool_call("get_price", '{"item": "pe'), "content": None},
+    )
+    demo = Demonstration("r", art.Trajectory(calls=[cut]))
+    (turn,) = chat_turns(demo, recorded=True)
+    assert turn.answer["tool_calls"][0]["function"]["arguments"] == '{"item": "pe'
+    with pytest.raises(ValueError, match="r: no assistant turn to train on .each has weight 0"):
+        chat_turns(demo)

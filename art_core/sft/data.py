@@ -267,13 +267,20 @@ def _first(exc: ValidationError) -> str:
 
 
 def checked_tool_calls(
-    answer: dict[str, Any], tools: list[dict[str, Any]] | None, label: str, where: str
+    answer: dict[str, Any],
+    tools: list[dict[str, Any]] | None,
+    label: str,
+    where: str,
+    *,
+    partial: bool = False,
 ) -> dict[str, Any]:
     """``answer`` with its tool calls checked and their arguments in canonical JSON.
 
     Every call must name a listed tool and have JSON-object arguments. Arguments are
     re-serialized as the gateway's tool-call grammar writes them (``", "`` and ``": "``
     separators), so a demonstration teaches exactly the text constrained decoding allows.
+    ``partial``: the answer was cut by ``max_tokens`` (its arguments are a prefix of JSON),
+    so only the names are checked and the answer is returned as it is.
     """
     names = [tool["function"]["name"] for tool in tools or []]
     calls = []
@@ -285,6 +292,8 @@ def checked_tool_calls(
                 f"{label}: {where} calls tool {name!r}, which is not listed ({listed})"
             )
         raw = call["function"].get("arguments") or "{}"
+        if partial:
+            continue
         try:
             arguments = json.loads(raw) if isinstance(raw, str) else raw
         except json.JSONDecodeError:
@@ -296,16 +305,20 @@ def checked_tool_calls(
             )
         function = {**call["function"], "arguments": json.dumps(arguments, ensure_ascii=False)}
         calls.append({**call, "function": function})
-    return {**answer, "tool_calls": calls} if calls else answer
+    return {**answer, "tool_calls": calls} if calls and not partial else answer
 
 
-def chat_turns(demo: Demonstration, assistant_turns: AssistantTurns = "all") -> list[ChatTurn]:
+def chat_turns(
+    demo: Demonstration, assistant_turns: AssistantTurns = "all", *, recorded: bool = False
+) -> list[ChatTurn]:
     """The record's assistant turns with their prompts, validated (see the module).
 
     A trajectory with recorded calls gives one turn per call (its request messages and the
     answer it returned); otherwise each assistant message of its messages (choices included)
     is a turn whose prompt is every message before it. Raises ``ValueError`` naming the record
     for no trained assistant turn, a tool call to a tool not listed, invalid messages.
+    ``recorded``: the calls are this model's own record, trained token-exactly, so a call cut
+    by ``max_tokens`` is what was sampled (GRPO trains on it too) rather than an error.
 
     Example:
         >>> demo = demonstrations([{"messages": [{"role": "user", "content": "2+2?"},
@@ -326,38 +339,33 @@ def chat_turns(demo: Demonstration, assistant_turns: AssistantTurns = "all") -> 
             answer = normalized_message(call.response_message, label, f"{where}.response_message")
             if answer["role"] != "assistant":
                 raise ValueError(f"{label}: {where}.response_message is not an assistant message")
-            answer = checked_tool_calls(answer, tools, label, where)
-            turns.append(ChatTurn(messages, tools, answer, trained=True))
+            cut = call.finish_reason == "length"
+            answer = checked_tool_calls(answer, tools, label, where, partial=cut)
+            # Recorded calls train as sampled (as GRPO does, cut or not); an answer from
+            # elsewhere that max_tokens cut short is no demonstration of a finished turn.
+            turns.append(ChatTurn(messages, tools, answer, trained=recorded or not cut))
     else:
         tools = normalized_tools(trajectory.tools, label)
-        messages = [
-            normalized_message(m, label, f"messages[{k}]")
-            for k, m in enumerate(trajectory.messages())
-        ]
-        for index, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            answer = checked_tool_calls(
-                {k: v for k, v in message.items() if k != "weight"},
-                tools,
-                label,
-                f"messages[{index}]",
-            )
-            # Earlier answers as the model would have produced them (canonical arguments).
-            prompt = [
-                checked_tool_calls({k: v for k, v in m.items() if k != "weight"}, tools, label, "")
-                if m["role"] == "assistant"
-                else m
-                for m in messages[:index]
-            ]
-            turns.append(ChatTurn(prompt, tools, answer, trained=message.get("weight", 1) == 1))
-    if assistant_turns == "last" and turns:
-        for turn in turns[:-1]:
+        canonical: list[dict[str, Any]] = []  # the messages so far, as prompts render them
+        for index, item in enumerate(trajectory.messages_and_choices):
+            choice = "message" in item and "finish_reason" in item
+            cut = choice and item.get("finish_reason") == "length"
+            where = f"messages_and_choices[{index}]" if choice else f"messages[{index}]"
+            message = normalized_message(item["message"] if choice else item, label, where)
+            clean = {k: v for k, v in message.items() if k != "weight"}
+            if message["role"] == "assistant":
+                # Canonical arguments: earlier answers as the model would have produced them.
+                clean = checked_tool_calls(clean, tools, label, where, partial=cut)
+                trained = message.get("weight", 1) == 1 and not cut
+                turns.append(ChatTurn(list(canonical), tools, clean, trained=trained))
+            canonical.append(clean)
+    if assistant_turns == "last":
+        for turn in [turn for turn in turns if turn.trained][:-1]:
             turn.trained = False
     if not any(turn.trained for turn in turns):
         raise ValueError(
             f"{label}: no assistant turn to train on"
-            + (" (every assistant message has weight 0)" if turns else "")
+            + (" (each has weight 0 or was cut by max_tokens)" if turns else "")
         )
     return turns
 

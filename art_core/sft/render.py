@@ -127,7 +127,7 @@ class SFTRenderer:
         if calls is not None:
             # Checked like any record (a sampled call of a tool that does not exist is not
             # something to imitate), then trained on the ids the model sampled.
-            chat_turns(Demonstration(demo.label, Trajectory(calls=calls)), "all")
+            chat_turns(Demonstration(demo.label, Trajectory(calls=calls)), recorded=True)
             last = max(calls, key=lambda call: (call.index, call.choice_index))
             trained = {last.id} if assistant_turns == "last" else {call.id for call in calls}
             self.token_exact += 1

@@ -41,7 +41,7 @@ from art_core.gateway.responses import SSE_DONE, sse
 from art_core.gateway.server import GatewayServer
 from art_core.model import Model, TrainableModel
 from art_core.names import check_name
-from art_core.sft.data import best_trajectories
+from art_core.sft.data import Demonstration, best_trajectories, check_demonstration
 from art_core.trajectories import LLMCall, Trajectory, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
@@ -341,7 +341,8 @@ async def teacher_trajectories(
 
     Each scenario is run ``rollouts_per_scenario`` times (concurrently, as one group); of each
     group the ``per_group`` best runs scoring at least ``min_reward`` are kept
-    (``best_trajectories``). The trajectories hold the teacher's calls as text (no token
+    (``best_trajectories``); a kept run with no finished answer to learn from (every answer
+    cut by ``max_tokens``) is dropped, with a warning. The trajectories hold the teacher's calls as text (no token
     ids): ``student.train_sft(...)`` renders them in the student's chat template. Up to
     ``max_exceptions`` rollouts may fail (a count, or a share when < 1; see
     ``gather_trajectory_groups``). ``proxy_options`` go to ``TeacherProxy``.
@@ -367,7 +368,13 @@ async def teacher_trajectories(
             pbar_desc=pbar_desc,
             max_exceptions=max_exceptions,
         )
-    kept = best_trajectories(groups, per_group=per_group, min_reward=min_reward)
-    for trajectory in kept:
+    kept = []
+    for trajectory in best_trajectories(groups, per_group=per_group, min_reward=min_reward):
+        try:
+            check_demonstration(Demonstration(f"teacher run {trajectory.id}", trajectory))
+        except ValueError as exc:
+            logger.warning("dropped a teacher run that cannot be learned from: %s", exc)
+            continue
         trajectory.metadata.setdefault("teacher", teacher.get_inference_name())
+        kept.append(trajectory)
     return kept
