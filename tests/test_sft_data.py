@@ -178,7 +178,7 @@ def test_answers_cut_by_max_tokens_are_context_unless_recorded() -> None:
         messages_and_choices=[{"role": "user", "content": "x"}, cut_choice], tools=TOOLS
     )
     with pytest.raises(
-        ValueError, match="t: no assistant turn to train on .each has weight 0 or was cut"
+        ValueError, match=r"t: no assistant turn to train on .each has weight 0 or was cut"
     ):
         chat_turns(Demonstration("t", only_cut))
 
@@ -248,5 +248,5 @@ def test_a_recorded_call_cut_by_max_tokens_is_trained_as_sampled() -> None:
     demo = Demonstration("r", art.Trajectory(calls=[cut]))
     (turn,) = chat_turns(demo, recorded=True)
     assert turn.answer["tool_calls"][0]["function"]["arguments"] == '{"item": "pe'
-    with pytest.raises(ValueError, match="r: no assistant turn to train on .each has weight 0"):
+    with pytest.raises(ValueError, match=r"r: no assistant turn to train on .each has weight 0"):
         chat_turns(demo)
