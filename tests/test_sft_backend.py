@@ -212,3 +212,27 @@ async def test_bad_data_names_the_record_and_trains_nothing(tmp_path: Path) -> N
         # Keyword settings, ART-style, on the backend.
         result = await backend.train_sft(model, good, epochs=2, precision="fp32")
         assert result.step == 1 and result.metrics["sft/epochs"] == 2
+
+
+async def test_sft_between_data_parallel_grpo_steps(tmp_path: Path) -> None:
+    """With a ``TrainingWorld``, SFT runs in the backend's process; the ranks pick its
+    checkpoint up at their next GRPO step."""
+    from art_core.training.distributed import TrainingWorld
+
+    world = TrainingWorld(ranks=2, devices=("cpu", "cpu"), threads_per_rank=1)
+    grpo = art.TrainConfig(learning_rate=1e-3, precision="fp32")
+    async with art.LocalBackend(path=tmp_path, training_world=world) as backend:
+        model = art.TrainableModel(name="dp-sft", project="sft", base_model="tiny-random")
+        await model.register(backend)
+
+        async def group() -> art.TrajectoryGroup:
+            return art.TrajectoryGroup([(await three_turn_rollout(model, i))[0] for i in range(2)])
+
+        first = await model.train([await group()], config=grpo)
+        assert first.step == 1 and first.metrics["train/world_size"] == 2
+        sft = await model.train_sft(digits_traces(4), config=art.SFTConfig(precision="fp32"))
+        assert sft.step == 2
+        served = await group()
+        assert {c.adapter_step for t in served for c in t.calls} == {2}
+        third = await model.train([served], config=grpo)
+        assert third.step == 3 and third.metrics["train/world_size"] == 2

@@ -343,21 +343,32 @@ class LocalBackend(BackendBase):
             "sft/records_rendered": float(renderer.rendered),
         }
         engine = entry.served.engine
+
+        def step() -> TrainResult:
+            if self.training_world is None:
+                trainer = self._trainer(entry)
+            else:
+                # SFT is not data-parallel: it runs here, on this backend's device, and the
+                # ranks load its checkpoint at their next step (they check the latest).
+                from art_core.training.trainer import Trainer
+
+                trainer = Trainer(entry.base_path, entry.folder, device=self.device)
+            try:
+                return trainer.train_sft(
+                    records,
+                    config,
+                    on_progress=on_progress,
+                    groups=[group],
+                    data_metrics=data_metrics,
+                )
+            finally:
+                if trainer is not entry.trainer:
+                    trainer.unload()
+
         async with entry.train_lock:
-            trainer = self._trainer(entry)
             await self.server.call(engine.pause())
             try:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    entry.torch_thread,
-                    functools.partial(
-                        trainer.train_sft,
-                        records,
-                        config,
-                        on_progress=on_progress,
-                        groups=[group],
-                        data_metrics=data_metrics,
-                    ),
-                )
+                result = await asyncio.get_running_loop().run_in_executor(entry.torch_thread, step)
                 assert result.checkpoint_path is not None
                 await self.server.call(
                     engine.load_adapter(Path(result.checkpoint_path), result.step)
