@@ -45,8 +45,12 @@ from art_core.trajectories import (  # noqa: E402
 
 if TYPE_CHECKING:  # imported lazily below; these lines give type checkers the real types
     from art_core.rewards import DEFAULT_RUBRIC, ruler, ruler_score_group
-    from art_core.training.config import TrainConfig, TrainResult
+    from art_core.sft import best_trajectories, load_chat_jsonl
+    from art_core.sft.teacher import TeacherProxy, teacher_trajectories
+    from art_core.training.config import SFTConfig, TrainConfig, TrainResult
     from art_core.training.distributed.world import TrainingWorld
+
+    TrainSFTConfig = SFTConfig
 
 __all__ = [
     "DEFAULT_RUBRIC",
@@ -62,32 +66,38 @@ __all__ = [
     "RemoteBackend",
     "RolloutException",
     "Run",
+    "SFTConfig",
     "SamplingReport",
     "ScenarioHistory",
     "ScenarioSampler",
+    "TeacherProxy",
     "TooManyExceptions",
     "Tools",
     "TrainConfig",
     "TrainResult",
+    "TrainSFTConfig",
     "TrainableModel",
     "TrainingWorld",
     "Trajectory",
     "TrajectoryGroup",
+    "best_trajectories",
     "capture",
     "current_run",
     "dev",
     "gather_trajectories",
     "gather_trajectory_groups",
+    "load_chat_jsonl",
     "retry",
     "ruler",
     "ruler_score_group",
+    "teacher_trajectories",
     "trajectory_group_batches",
 ]
 
 
 def __getattr__(name: str) -> object:
     # Parts built in their own modules, imported on first use (training pulls in peft).
-    if name in ("TrainConfig", "TrainResult"):
+    if name in ("TrainConfig", "TrainResult", "SFTConfig"):
         from art_core.training import config
 
         return getattr(config, name)
@@ -95,6 +105,18 @@ def __getattr__(name: str) -> object:
         from art_core.training.distributed import world
 
         return world.TrainingWorld
+    if name == "TrainSFTConfig":  # ART's name for the same config
+        from art_core.training.config import SFTConfig
+
+        return SFTConfig
+    if name in ("best_trajectories", "load_chat_jsonl"):
+        from art_core import sft
+
+        return getattr(sft, name)
+    if name in ("TeacherProxy", "teacher_trajectories"):
+        from art_core.sft import teacher
+
+        return getattr(teacher, name)
     if name in ("ruler", "ruler_score_group", "DEFAULT_RUBRIC"):
         from art_core import rewards
 

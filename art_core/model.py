@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
     from art_core.backends.base import Backend
-    from art_core.training.config import TrainConfig, TrainResult
+    from art_core.sft.data import SFTData
+    from art_core.training.config import SFTConfig, TrainConfig, TrainResult
 
 # The type of ``config`` (ART: the user's pydantic model); unparametrized, anything JSON.
 ModelConfig = TypeVar("ModelConfig", default=Any)
@@ -204,6 +205,34 @@ class TrainableModel(Model[ModelConfig], Generic[ModelConfig]):
                 stacklevel=2,
             )
         return await self.backend().train(self, list(trajectory_groups), config, **overrides)  # type: ignore[arg-type]
+
+    async def train_sft(
+        self,
+        trajectories: SFTData,
+        config: SFTConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+    ) -> TrainResult:
+        """Supervised fine-tuning (a warm start) on demonstrations; served when this returns.
+
+        ``trajectories``: a path to a JSONL file (OpenAI chat records, trajectories or groups),
+        or an iterable of trajectories (recorded ones train token-exactly, ART-style ones are
+        rendered with the chat template), groups and chat records; see ``art_core.sft``.
+        Writes the next checkpoint on the same adapter as ``train``, so SFT and GRPO steps
+        can follow each other. ``_config`` takes ART's unstable ``dev.TrainSFTConfig``,
+        which tunes ART's own pipeline and has no effect here.
+
+        Example:
+            >>> await model.train_sft("demos.jsonl", config=art.SFTConfig(epochs=3))  # doctest: +SKIP
+            >>> await model.train_sft(art.best_trajectories(groups, min_reward=1.0))  # doctest: +SKIP
+        """
+        if _config:
+            warnings.warn(
+                f"train_sft(_config=...): {', '.join(sorted(_config))} tune ART's own pipeline "
+                "and have no effect here",
+                stacklevel=2,
+            )
+        return await self.backend().train_sft(self, trajectories, config)  # type: ignore[arg-type]
 
     async def get_step(self) -> int:
         """The step of the latest checkpoint (0 = the base model)."""

@@ -11,13 +11,14 @@ learning_rate=1e-5)``) and the private spellings ART's ``TrainableModel`` used
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from art_core.trajectories import LLMCall, TrajectoryGroup
 
 if TYPE_CHECKING:
     from art_core.model import TrainableModel
-    from art_core.training.config import TrainConfig, TrainResult
+    from art_core.sft.data import SFTData
+    from art_core.training.config import SFTConfig, TrainConfig, TrainingSettings, TrainResult
 
 # Called with each JSON-serializable progress record of a training step (micro-batches,
 # optimizer steps), in whatever thread produces it: it must be quick and thread-safe.
@@ -53,6 +54,21 @@ class Backend(Protocol):
         ART's keyword style (``learning_rate=1e-5``). When this returns, the new adapter is
         the one served by default and its checkpoint is on disk; a step that raises leaves
         the previous checkpoint in force."""
+        ...
+
+    async def train_sft(
+        self,
+        model: TrainableModel,
+        trajectories: SFTData,
+        config: SFTConfig | None = None,
+        *,
+        on_progress: ProgressCallback | None = None,
+        **overrides: Any,
+    ) -> TrainResult:
+        """Supervised epochs on demonstrations (``art_core.sft``: a JSONL path, trajectories,
+        groups, chat records), written as the next checkpoint like a ``train`` step.
+        ``overrides`` are ``SFTConfig`` fields. Every record is checked first: a bad one
+        raises ``ValueError`` naming it and nothing is trained."""
         ...
 
     async def get_step(self, model: TrainableModel) -> int:
@@ -120,22 +136,24 @@ class BackendBase:
         from art_core.training.config import TrainConfig
 
         base = TrainConfig() if config is None else config
-        if not isinstance(base, TrainConfig):
-            raise TypeError(f"config must be a TrainConfig, got {type(base).__name__}")
         internal = getattr(model, "_internal_config", None)
-        if internal:
+        if internal and isinstance(base, TrainConfig):
             from art_core.dev.apply import internal_overrides
 
             overrides = {**internal_overrides(internal, base, overrides), **overrides}
-        if not overrides:
-            return base
-        unknown = sorted(set(overrides) - set(TrainConfig.model_fields))
-        if unknown:
-            raise TypeError(
-                f"train() got settings that are not TrainConfig fields: {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(TrainConfig.model_fields))}"
-            )
-        return TrainConfig.model_validate({**base.model_dump(), **overrides})
+        return _with_overrides(TrainConfig, base, overrides, "train")
+
+    @staticmethod
+    def sft_config(config: SFTConfig | None, overrides: Mapping[str, Any]) -> SFTConfig:
+        """``config`` (default: ``SFTConfig()``) with keyword ``overrides``, as ``train_config``.
+
+        Example:
+            >>> BackendBase.sft_config(None, {"epochs": 3}).epochs
+            3
+        """
+        from art_core.training.config import SFTConfig
+
+        return _with_overrides(SFTConfig, config, overrides, "train_sft")
 
     # ART's private spellings: thin shims over the public methods.
     async def _train(
@@ -146,6 +164,15 @@ class BackendBase:
         **kwargs: Any,
     ) -> TrainResult:
         return await self.train(model, groups, config, **kwargs)  # type: ignore[attr-defined,no-any-return]
+
+    async def _train_sft(
+        self,
+        model: TrainableModel,
+        trajectories: SFTData,
+        config: SFTConfig | None = None,
+        **kwargs: Any,
+    ) -> TrainResult:
+        return await self.train_sft(model, trajectories, config, **kwargs)  # type: ignore[attr-defined,no-any-return]
 
     async def _get_step(self, model: TrainableModel) -> int:
         return await self.get_step(model)  # type: ignore[attr-defined,no-any-return]
@@ -168,3 +195,24 @@ class BackendBase:
         self, model: TrainableModel, rollout_id: str, *, release: bool = False
     ) -> list[LLMCall]:
         return await self.rollout_calls(model, rollout_id, release=release)  # type: ignore[attr-defined,no-any-return]
+
+
+Settings = TypeVar("Settings", bound="TrainingSettings")
+
+
+def _with_overrides(
+    cls: type[Settings], config: Settings | None, overrides: Mapping[str, Any], call: str
+) -> Settings:
+    """``config`` (default ``cls()``) with ``overrides``; ``TypeError`` naming unknown keys."""
+    base = cls() if config is None else config
+    if not isinstance(base, cls):
+        raise TypeError(f"config must be a {cls.__name__}, got {type(base).__name__}")
+    if not overrides:
+        return base
+    unknown = sorted(set(overrides) - set(cls.model_fields))
+    if unknown:
+        raise TypeError(
+            f"{call}() got settings that are not {cls.__name__} fields: {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(cls.model_fields))}"
+        )
+    return cls.model_validate({**base.model_dump(), **overrides})

@@ -36,7 +36,8 @@ from art_core.trajectories import LLMCall, TrajectoryGroup, require_finished
 
 if TYPE_CHECKING:
     from art_core.model import TrainableModel
-    from art_core.training.config import TrainConfig, TrainResult
+    from art_core.sft.data import SFTData
+    from art_core.training.config import SFTConfig, TrainConfig, TrainResult
     from art_core.training.distributed import TrainingWorld
     from art_core.training.trainer import Trainer
 
@@ -311,6 +312,78 @@ class LocalBackend(BackendBase):
                 await self.server.call(engine.resume())
         tracing.train_step_finished(model, groups, config, result, started)
         metric_hooks.train_step_finished(model, result.metrics, result.step)
+        return result
+
+    async def train_sft(
+        self,
+        model: TrainableModel,
+        trajectories: SFTData,
+        config: SFTConfig | None = None,
+        *,
+        on_progress: ProgressCallback | None = None,
+        **overrides: Any,
+    ) -> TrainResult:
+        """Supervised epochs on demonstrations, as the next checkpoint (``art_core.sft``).
+
+        The data is read, checked and turned into token sequences first, while the engine
+        keeps serving (recorded calls of this model token-exactly, the rest with its chat
+        template); a bad record raises ``ValueError`` naming it and nothing is trained. Then,
+        as for ``train``: engine paused, the epochs run on the model's torch thread, the new
+        adapter loaded, serving resumed.
+        """
+        from art_core.sft.data import demonstrations
+        from art_core.sft.render import SFTRenderer
+
+        config = self.sft_config(config, overrides)
+        entry = self._entry(model)
+        started = time.time()
+        demos = await asyncio.to_thread(demonstrations, trajectories)
+        renderer = SFTRenderer(entry.served.chat)
+        records = await asyncio.to_thread(
+            renderer.records,
+            demos,
+            assistant_turns=config.assistant_turns,
+            lookup=entry.served.store.get,
+        )
+        group = TrajectoryGroup([demo.trajectory for demo in demos])
+        data_metrics = {
+            "sft/records_token_exact": float(renderer.token_exact),
+            "sft/records_rendered": float(renderer.rendered),
+        }
+        engine = entry.served.engine
+
+        def step() -> TrainResult:
+            if self.training_world is None:
+                trainer = self._trainer(entry)
+            else:
+                # SFT is not data-parallel: it runs here, on this backend's device, and the
+                # ranks load its checkpoint at their next step (they check the latest).
+                from art_core.training.trainer import Trainer
+
+                trainer = Trainer(entry.base_path, entry.folder, device=self.device)
+            try:
+                return trainer.train_sft(
+                    records,
+                    config,
+                    on_progress=on_progress,
+                    groups=[group],
+                    data_metrics=data_metrics,
+                )
+            finally:
+                if trainer is not entry.trainer:
+                    trainer.unload()
+
+        async with entry.train_lock:
+            await self.server.call(engine.pause())
+            try:
+                result = await asyncio.get_running_loop().run_in_executor(entry.torch_thread, step)
+                assert result.checkpoint_path is not None
+                await self.server.call(
+                    engine.load_adapter(Path(result.checkpoint_path), result.step)
+                )
+            finally:
+                await self.server.call(engine.resume())
+        tracing.train_step_finished(model, [], config, result, started)
         return result
 
     async def get_step(self, model: TrainableModel) -> int:

@@ -31,7 +31,8 @@ from art_core.trajectories import LLMCall, TrajectoryGroup, new_id, require_fini
 
 if TYPE_CHECKING:
     from art_core.model import TrainableModel
-    from art_core.training.config import TrainConfig, TrainResult
+    from art_core.sft.data import SFTData
+    from art_core.training.config import SFTConfig, TrainConfig, TrainResult
 
 TOKEN_ENV = "ART_CORE_TOKEN"
 # Connection-level failures after which the request may or may not have reached the server.
@@ -222,17 +223,61 @@ class RemoteBackend(BackendBase):
         **overrides: Any,
     ) -> TrainResult:
         """One training step on the server, its progress streamed back (see the module)."""
-        from art_core.training.config import TrainResult
-
         config = self.train_config(config, overrides, model=model)
         groups = list(trajectory_groups)
         require_finished(groups)
-        job_id = new_id("job")
         payload = {
-            "job_id": job_id,
             "groups": [g.model_dump(mode="json") for g in groups],
             "config": config.model_dump(mode="json"),
         }
+        started = time.time()
+        result = await self._train_job(model, "train", payload, on_progress)
+        # Traces and metrics go where the rollouts were traced: this process, not the server.
+        tracing.train_step_finished(model, groups, config, result, started)
+        return result
+
+    async def train_sft(
+        self,
+        model: TrainableModel,
+        trajectories: SFTData,
+        config: SFTConfig | None = None,
+        *,
+        on_progress: ProgressCallback | None = None,
+        **overrides: Any,
+    ) -> TrainResult:
+        """Supervised epochs on the server (``LocalBackend.train_sft`` there), streamed like a
+        ``train`` step. Files are read here; each record is checked here and sent with its
+        label, so an error on the server still names ``chat.jsonl:7``."""
+        from art_core.sft.data import check_demonstration, demonstrations
+
+        config = self.sft_config(config, overrides)
+        demos = await asyncio.to_thread(demonstrations, trajectories)
+        for demo in demos:
+            check_demonstration(demo, config.assistant_turns)
+        if not demos:
+            raise ValueError("train_sft needs at least one record to train on")
+        payload = {
+            "trajectories": [demo.trajectory.model_dump(mode="json") for demo in demos],
+            "labels": [demo.label for demo in demos],
+            "config": config.model_dump(mode="json"),
+        }
+        started = time.time()
+        result = await self._train_job(model, "train_sft", payload, on_progress)
+        tracing.train_step_finished(model, [], config, result, started)
+        return result
+
+    async def _train_job(
+        self,
+        model: TrainableModel,
+        route: str,
+        body: dict[str, Any],
+        on_progress: ProgressCallback | None,
+    ) -> TrainResult:
+        """Run a training call (``train``, ``train_sft``) as a server job and follow it."""
+        from art_core.training.config import TrainResult
+
+        job_id = new_id("job")
+        payload = {"job_id": job_id, **body}
         callbacks = [c for c in (self.on_progress, on_progress) if c is not None]
 
         def report(event: dict[str, Any]) -> None:
@@ -246,14 +291,11 @@ class RemoteBackend(BackendBase):
             disable=not self.progress,
             leave=False,
         )
-        started = time.time()
         try:
-            outcome = await self._follow_job(model, job_id, payload, bar, report)
+            outcome = await self._follow_job(model, job_id, payload, bar, report, route=route)
         finally:
             bar.close()
         result = TrainResult.model_validate(outcome)
-        # Traces and metrics go where the rollouts were traced: this process, not the server.
-        tracing.train_step_finished(model, groups, config, result, started)
         metric_hooks.train_step_finished(model, result.metrics, result.step)
         return result
 
@@ -264,6 +306,8 @@ class RemoteBackend(BackendBase):
         payload: dict[str, Any],
         bar: Any,
         report: ProgressCallback,
+        *,
+        route: str = "train",
     ) -> dict[str, Any]:
         """Start (or attach to) the job and follow its stream to the outcome, reattaching
         after dropped connections until the server has been unreachable for
@@ -281,7 +325,7 @@ class RemoteBackend(BackendBase):
             else:
                 request = self._http().build_request(
                     "POST",
-                    f"{self._model_path(model)}/train",
+                    f"{self._model_path(model)}/{route}",
                     content=content,
                     headers={"content-type": "application/json"},
                 )

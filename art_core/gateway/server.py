@@ -31,7 +31,7 @@ class GatewayServer:
 
     def __init__(
         self,
-        gateway: Gateway,
+        gateway: Gateway | None,
         *,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -39,8 +39,11 @@ class GatewayServer:
     ) -> None:
         self.gateway = gateway
         # The ASGI app served: the gateway's own, or a service wrapping it (``art-core serve``
-        # mounts the gateway next to its API on one port); settable until ``start``.
-        self.app: Any = gateway.app if app is None else app
+        # mounts the gateway next to its API on one port), or another app (the SFT teacher
+        # proxy) when there is no gateway; settable until ``start``.
+        if app is None and gateway is None:
+            raise ValueError("GatewayServer needs a gateway or an app to serve")
+        self.app: Any = app if app is not None else gateway.app  # type: ignore[union-attr]
         self.host = host
         self.port = port
         self.loop = asyncio.new_event_loop()

@@ -1,7 +1,8 @@
 """The backend API under ``/api``: what ``RemoteBackend`` calls.
 
 ``POST /api/models/register``; per model (``/api/models/{project}/{name}``): ``GET``,
-``GET /step``, ``POST /train`` (NDJSON progress, then the result), ``POST /log``,
+``GET /step``, ``POST /train`` (NDJSON progress, then the result), ``POST /train_sft`` (the
+same, for supervised epochs on demonstrations), ``POST /log``,
 ``POST /delete_checkpoints``, ``GET /rollouts/{id}/calls``, ``POST /rollouts/{id}/release``;
 ``GET /api/jobs/{id}`` and ``GET /api/jobs/{id}/events?after=N`` (reattach to a job's stream);
 ``GET /api/info``. Errors use the gateway's ``{"error": {...}}`` shape; 422 names the field.
@@ -30,6 +31,7 @@ from art_core.server.schemas import (
     LogRequest,
     RegisterRequest,
     TrainRequest,
+    TrainSFTRequest,
     to_groups,
 )
 from art_core.server.service import Conflict, NotFound, Service
@@ -123,6 +125,7 @@ class ServiceAPI:
             Route(MODEL, _errors(self.get_model), methods=["GET"]),
             Route(f"{MODEL}/step", _errors(self.step), methods=["GET"]),
             Route(f"{MODEL}/train", _errors(self.train), methods=["POST"]),
+            Route(f"{MODEL}/train_sft", _errors(self.train_sft), methods=["POST"]),
             Route(f"{MODEL}/log", _errors(self.log), methods=["POST"]),
             Route(
                 f"{MODEL}/delete_checkpoints", _errors(self.delete_checkpoints), methods=["POST"]
@@ -203,6 +206,12 @@ class ServiceAPI:
         body = TrainRequest.model_validate(await _json_body(request))
         model = await self._model(request)
         job = await self.service.start_training(model, body)
+        return self._stream(job, _after(request))
+
+    async def train_sft(self, request: Request) -> Response:
+        body = TrainSFTRequest.model_validate(await _json_body(request))
+        model = await self._model(request)
+        job = await self.service.start_sft(model, body)
         return self._stream(job, _after(request))
 
     async def job(self, request: Request) -> Response:

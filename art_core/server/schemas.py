@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from art_core.names import check_name
 from art_core.server.jobs import JOB_ID
-from art_core.training.config import TrainConfig
+from art_core.training.config import SFTConfig, TrainConfig
 from art_core.trajectories import RolloutException, Trajectory, TrajectoryGroup
 
 
@@ -92,6 +92,32 @@ class TrainRequest(BaseModel):
     job_id: str | None = Field(default=None, pattern=JOB_ID.pattern)
     groups: list[GroupPayload] = Field(min_length=1)
     config: TrainConfig = Field(default_factory=TrainConfig)
+
+
+# The most records one ``train_sft`` request may carry (the body limit bounds their size).
+MAX_SFT_RECORDS = 100_000
+
+
+class TrainSFTRequest(BaseModel):
+    """``POST /api/models/{project}/{name}/train_sft``: demonstrations, their labels, the config.
+
+    ``labels`` (one per trajectory, e.g. ``chat.jsonl:7``) are what errors name; the client
+    sends the names its user knows. ``job_id`` as for ``TrainRequest``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str | None = Field(default=None, pattern=JOB_ID.pattern)
+    trajectories: list[Trajectory] = Field(min_length=1, max_length=MAX_SFT_RECORDS)
+    labels: list[str] | None = None
+    config: SFTConfig = Field(default_factory=SFTConfig)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(len(label) > 1024 for label in value):
+            raise ValueError("labels are at most 1024 characters")
+        return value
 
 
 class LogRequest(BaseModel):

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,15 @@ from art_core.server.schemas import (
     FieldError,
     RegisterRequest,
     TrainRequest,
+    TrainSFTRequest,
     check_calls,
     to_groups,
 )
 from art_core.server.settings import ServeSettings
-from art_core.trajectories import TrajectoryGroup, new_id
+from art_core.trajectories import new_id
+
+# Runs one training call (``train`` or ``train_sft``) with a progress callback.
+TrainCall = Callable[[Callable[[dict[str, Any]], None]], Awaitable[Any]]
 
 logger = logging.getLogger(__name__)
 
@@ -168,23 +173,72 @@ class Service:
     async def start_training(self, model: TrainableModel, request: TrainRequest) -> Job:
         """The job for ``request``: a new one running as its own task, or the existing job
         with the same id (a client retrying after a dropped connection)."""
-        job_id = request.job_id or new_id("job")
-        existing = self.jobs.get(job_id)
+        existing = self._existing_job(model, request.job_id)
         if existing is not None:
-            if (existing.project, existing.model) != (model.project, model.name):
-                raise Conflict(f"job {job_id!r} belongs to another model")
             return existing
         groups = to_groups(request.groups)
         check_calls(groups, self.vocab_size(model))
-        job = self.jobs.create(job_id, project=model.project, model=model.name)
+        return self._start_job(
+            model,
+            request.job_id,
+            lambda on_progress: self.backend.train(
+                model, groups, request.config, on_progress=on_progress
+            ),
+        )
+
+    async def start_sft(self, model: TrainableModel, request: TrainSFTRequest) -> Job:
+        """As ``start_training``, for ``train_sft``: the demonstrations are checked first
+        (a record that cannot be trained on is a 422 naming it); tokenizer-level problems
+        (over the context) fail the job with the record's name, before anything is trained."""
+        from art_core.sft.data import Demonstration, check_demonstration
+
+        existing = self._existing_job(model, request.job_id)
+        if existing is not None:
+            return existing
+        labels = request.labels
+        if labels is not None and len(labels) != len(request.trajectories):
+            raise FieldError(
+                "labels",
+                f"has {len(labels)} labels for {len(request.trajectories)} trajectories",
+            )
+        demos = [
+            Demonstration(
+                labels[i] if labels is not None else f"trajectories[{i}] (trajectory {t.id})",
+                t,
+            )
+            for i, t in enumerate(request.trajectories)
+        ]
+        for index, demo in enumerate(demos):
+            try:
+                check_demonstration(demo, request.config.assistant_turns)
+            except ValueError as exc:
+                raise FieldError(f"trajectories.{index}", str(exc)) from None
+        return self._start_job(
+            model,
+            request.job_id,
+            lambda on_progress: self.backend.train_sft(
+                model, demos, request.config, on_progress=on_progress
+            ),
+        )
+
+    def _existing_job(self, model: TrainableModel, job_id: str | None) -> Job | None:
+        """The job a retried request names (after a dropped connection), if it exists."""
+        existing = self.jobs.get(job_id) if job_id else None
+        if existing is not None and (existing.project, existing.model) != (
+            model.project,
+            model.name,
+        ):
+            raise Conflict(f"job {job_id!r} belongs to another model")
+        return existing
+
+    def _start_job(self, model: TrainableModel, job_id: str | None, train: TrainCall) -> Job:
+        job = self.jobs.create(job_id or new_id("job"), project=model.project, model=model.name)
         # The task is referenced by the job (in the store), so it is never garbage-collected,
         # and it does not depend on the request: a client hanging up does not cancel it.
-        job.task = asyncio.create_task(self._run(job, model, groups, request))
+        job.task = asyncio.create_task(self._run(job, model, train))
         return job
 
-    async def _run(
-        self, job: Job, model: TrainableModel, groups: list[TrajectoryGroup], request: TrainRequest
-    ) -> None:
+    async def _run(self, job: Job, model: TrainableModel, train: TrainCall) -> None:
         loop = asyncio.get_running_loop()
 
         def on_progress(record: dict[str, Any]) -> None:
@@ -194,9 +248,7 @@ class Service:
             async with self.lock(model):
                 job.start(await self.backend.get_step(model))
                 self.jobs.save(job)
-                result = await self.backend.train(
-                    model, groups, request.config, on_progress=on_progress
-                )
+                result = await train(on_progress)
             job.succeed(result.model_dump(mode="json"))
         except asyncio.CancelledError:
             # The trainer thread may still finish the checkpoint: leave the job "running" on

@@ -1,10 +1,12 @@
 """GRPO training of LoRA adapters on token-exact captured trajectories.
 
-``Trainer`` runs the steps; ``TrainConfig`` says how; ``TrainResult`` says what came out.
+``Trainer`` runs the steps; ``TrainConfig`` (GRPO) and ``SFTConfig`` (supervised) say how;
+``TrainResult`` says what came out.
 The modules each hold one idea: ``sequences`` (token-exact assembly), ``advantages``
 (group-relative credit), ``loss`` (PPO/CISPO objective), ``packing`` (micro-batches),
 ``checkpoints`` (pickle-free save/resume), ``loading`` (peft / Unsloth), ``batch`` (groups to
-rollouts) and ``step_stats`` (a step's metrics and progress). The model folder's layout
+rollouts), ``step_stats`` (a step's metrics and progress) and ``sft`` (supervised steps on the
+same adapter). The model folder's layout
 belongs to ``art_core.model_folder``.
 
 Example:
@@ -13,7 +15,20 @@ Example:
     >>> result = trainer.train_step(groups, TrainConfig(learning_rate=1e-5))   # doctest: +SKIP
 """
 
-from art_core.training.config import DEFAULT_LORA_TARGET_MODULES, TrainConfig, TrainResult
+from art_core.training.config import (
+    DEFAULT_LORA_TARGET_MODULES,
+    SFTConfig,
+    TrainConfig,
+    TrainingSettings,
+    TrainResult,
+)
 from art_core.training.trainer import Trainer
 
-__all__ = ["DEFAULT_LORA_TARGET_MODULES", "TrainConfig", "TrainResult", "Trainer"]
+__all__ = [
+    "DEFAULT_LORA_TARGET_MODULES",
+    "SFTConfig",
+    "TrainConfig",
+    "TrainResult",
+    "Trainer",
+    "TrainingSettings",
+]

@@ -6,6 +6,7 @@ sent over HTTP by a remote backend unchanged.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -23,24 +24,21 @@ DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = (
 )
 
 
-class TrainConfig(BaseModel):
-    """Hyperparameters of one ``train`` call (one GRPO step, unless asked for more).
+class TrainingSettings(BaseModel):
+    """What every kind of step on a model's adapter shares (GRPO ``TrainConfig`` and
+    ``SFTConfig``): the optimizer, the LoRA adapter's shape, micro-batching and precision.
 
     The LoRA fields are fixed when the adapter is created (first step); a later step asking
     for a different rank, alpha or target modules is an error, not a silent re-init.
 
     Example:
-        >>> config = TrainConfig(learning_rate=1e-5, loss="cispo", epsilon_high=0.28)
-        >>> config.upper_epsilon
-        0.28
-        >>> TrainConfig.model_validate_json(config.model_dump_json()) == config
-        True
+        >>> TrainingSettings(lora_rank=16).lora_settings()["r"]
+        16
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # Optimizer (AdamW on the LoRA weights only).
-    learning_rate: float = Field(default=5e-6, gt=0, description="AdamW learning rate.")
+    # Optimizer (AdamW on the LoRA weights only; the learning rate is each config's own).
     weight_decay: float = Field(default=0.0, ge=0)
     adam_betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float | None = Field(
@@ -52,6 +50,63 @@ class TrainConfig(BaseModel):
     lora_alpha: int = Field(default=16, ge=1)
     lora_dropout: float = Field(default=0.0, ge=0, lt=1)
     lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGET_MODULES
+
+    # Batching.
+    max_tokens_per_batch: int = Field(
+        default=4096,
+        ge=16,
+        description="Token budget of one micro-batch (one forward/backward). A sequence longer "
+        "than the budget gets a micro-batch of its own.",
+    )
+    packing: bool = Field(
+        default=True, description="Pack several sequences per row (attention kept inside each one)."
+    )
+    share_prefixes: bool = Field(
+        default=True,
+        description="With packing, run a prompt shared by several rollouts once per row.",
+    )
+    gradient_checkpointing: bool = False
+
+    seed: int = 0
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        default="auto",
+        description="'auto': bf16 autocast on CUDA with bf16 and on CPUs with native bf16 "
+        "(AVX512-BF16/AMX, ~2x faster there), fp32 otherwise.",
+    )
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> TrainingSettings:
+        if not self.lora_target_modules:
+            raise ValueError("lora_target_modules must name at least one module")
+        low, high = self.adam_betas
+        if not (0 <= low < 1 and 0 <= high < 1):
+            raise ValueError(f"adam_betas must lie in [0, 1), got {self.adam_betas}")
+        return self
+
+    def lora_settings(self) -> dict[str, object]:
+        """The fields that define the adapter's shape, for comparing with a checkpoint."""
+        return {
+            "r": self.lora_rank,
+            "lora_alpha": self.lora_alpha,
+            "target_modules": sorted(self.lora_target_modules),
+        }
+
+
+class TrainConfig(TrainingSettings):
+    """Hyperparameters of one ``train`` call (one GRPO step, unless asked for more).
+
+    The optimizer, LoRA, batching and precision fields are ``TrainingSettings``'; the LoRA
+    shape must match the adapter's (see there).
+
+    Example:
+        >>> config = TrainConfig(learning_rate=1e-5, loss="cispo", epsilon_high=0.28)
+        >>> config.upper_epsilon
+        0.28
+        >>> TrainConfig.model_validate_json(config.model_dump_json()) == config
+        True
+    """
+
+    learning_rate: float = Field(default=5e-6, gt=0, description="AdamW learning rate.")
 
     # Objective.
     loss: Literal["ppo", "cispo"] = Field(
@@ -79,22 +134,6 @@ class TrainConfig(BaseModel):
         description="Divide advantages by the group's reward std (GRPO); False = Dr. GRPO.",
     )
 
-    # Batching.
-    max_tokens_per_batch: int = Field(
-        default=4096,
-        ge=16,
-        description="Token budget of one micro-batch (one forward/backward). A sequence longer "
-        "than the budget gets a micro-batch of its own.",
-    )
-    packing: bool = Field(
-        default=True, description="Pack several sequences per row (attention kept inside each one)."
-    )
-    share_prefixes: bool = Field(
-        default=True,
-        description="With packing, run a prompt shared by several rollouts once per row.",
-    )
-    gradient_checkpointing: bool = False
-
     # Schedule: by default one optimizer step per ``train`` call, whatever the batch size
     # (gradients of all micro-batches are accumulated).
     num_epochs: int = Field(
@@ -104,34 +143,89 @@ class TrainConfig(BaseModel):
         default=1, ge=1, description="Split each pass into this many optimizer steps (by rollout)."
     )
 
-    seed: int = 0
-    precision: Literal["auto", "bf16", "fp32"] = Field(
-        default="auto",
-        description="'auto': bf16 autocast on CUDA with bf16 and on CPUs with native bf16 "
-        "(AVX512-BF16/AMX, ~2x faster there), fp32 otherwise.",
-    )
-
-    @model_validator(mode="after")
-    def _check_ranges(self) -> TrainConfig:
-        if not self.lora_target_modules:
-            raise ValueError("lora_target_modules must name at least one module")
-        low, high = self.adam_betas
-        if not (0 <= low < 1 and 0 <= high < 1):
-            raise ValueError(f"adam_betas must lie in [0, 1), got {self.adam_betas}")
-        return self
-
     @property
     def upper_epsilon(self) -> float:
         """The upper clip range: ``epsilon_high`` when set, else ``epsilon``."""
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
-    def lora_settings(self) -> dict[str, object]:
-        """The fields that define the adapter's shape, for comparing with a checkpoint."""
-        return {
-            "r": self.lora_rank,
-            "lora_alpha": self.lora_alpha,
-            "target_modules": sorted(self.lora_target_modules),
-        }
+
+# ART's ``batch_size="auto"`` for SFT: two trajectories per optimizer step.
+DEFAULT_SFT_BATCH_SIZE = 2
+# The most learning rates a per-step list may give (a bound on what a caller can send).
+MAX_LEARNING_RATES = 1_000_000
+
+
+class SFTConfig(TrainingSettings):
+    """Hyperparameters of one ``train_sft`` call: epochs of cross-entropy on assistant tokens.
+
+    Names as in ART's ``TrainSFTConfig`` (``learning_rate`` as one value or one per optimizer
+    step, ``batch_size``, ``assistant_turns``) and its SFT helpers (``epochs``,
+    ``schedule_type``, ``warmup_ratio``). One call makes ``epochs * ceil(records /
+    batch_size)`` optimizer steps and writes one checkpoint, like a GRPO ``train`` call; the
+    optimizer, LoRA and batching fields are ``TrainingSettings``' and the LoRA shape must
+    match the adapter's, so SFT and GRPO steps take turns on one adapter.
+
+    Example:
+        >>> config = SFTConfig(learning_rate=2e-4, epochs=3, batch_size=8, warmup_ratio=0.1)
+        >>> config.resolved_batch_size, config.schedule_type
+        (8, 'constant')
+        >>> SFTConfig.model_validate_json(config.model_dump_json()) == config
+        True
+    """
+
+    learning_rate: float | list[float] = Field(
+        default=5e-5,
+        description="AdamW learning rate: the peak of the schedule, or a list with one rate "
+        "per optimizer step (then its length must equal the number of steps).",
+    )
+    batch_size: int | Literal["auto"] = Field(
+        default="auto",
+        description="Records (trajectories, chat records) per optimizer step; 'auto' = 2.",
+    )
+    assistant_turns: Literal["all", "last"] = Field(
+        default="all",
+        description="Train on every assistant turn of a record, or only on its last one.",
+    )
+    epochs: int = Field(default=1, ge=1, le=10_000, description="Passes over the records.")
+    schedule_type: Literal["constant", "linear", "cosine"] = Field(
+        default="constant",
+        description="Learning-rate decay from the peak to 0 over the call's optimizer steps.",
+    )
+    warmup_ratio: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Share of the optimizer steps spent ramping the rate up linearly first.",
+    )
+    shuffle: bool = Field(
+        default=True, description="Shuffle the records before each epoch (seeded by seed)."
+    )
+
+    @model_validator(mode="after")
+    def _check_schedule(self) -> SFTConfig:
+        rates = self.learning_rate if isinstance(self.learning_rate, list) else [self.learning_rate]
+        if not rates or len(rates) > MAX_LEARNING_RATES:
+            raise ValueError(
+                f"learning_rate lists must hold 1 to {MAX_LEARNING_RATES} rates, got {len(rates)}"
+            )
+        bad = next((r for r in rates if not (math.isfinite(r) and r > 0)), None)
+        if bad is not None:
+            raise ValueError(f"learning rates must be finite and > 0, got {bad!r}")
+        if isinstance(self.learning_rate, list) and (
+            self.schedule_type != "constant" or self.warmup_ratio > 0
+        ):
+            raise ValueError(
+                "learning_rate is a list of per-step rates already: schedule_type must be "
+                "'constant' and warmup_ratio 0"
+            )
+        if isinstance(self.batch_size, int) and not 1 <= self.batch_size <= 1_000_000:
+            raise ValueError(f"batch_size must be 'auto' or 1 to 1000000, got {self.batch_size}")
+        return self
+
+    @property
+    def resolved_batch_size(self) -> int:
+        """``batch_size`` with ``'auto'`` resolved (ART's default of 2)."""
+        return DEFAULT_SFT_BATCH_SIZE if self.batch_size == "auto" else self.batch_size
 
 
 class TrainResult(BaseModel):

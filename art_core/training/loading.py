@@ -17,12 +17,12 @@ from typing import Any
 import torch
 
 from art_core.device import autocast_dtype
-from art_core.training.config import TrainConfig
+from art_core.training.config import TrainingSettings
 
 logger = logging.getLogger(__name__)
 
 
-def base_weights_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
+def base_weights_dtype(config: TrainingSettings, device: torch.device) -> torch.dtype:
     """The dtype of the frozen base weights: the autocast dtype, else fp32.
 
     Under autocast every matmul runs in that dtype anyway; storing the frozen weights in it
@@ -30,7 +30,7 @@ def base_weights_dtype(config: TrainConfig, device: torch.device) -> torch.dtype
     SmolLM2-135M) and halves their memory. The trainable LoRA weights stay fp32.
 
     Example:
-        >>> base_weights_dtype(TrainConfig(precision="fp32"), torch.device("cpu"))
+        >>> base_weights_dtype(TrainingSettings(precision="fp32"), torch.device("cpu"))
         torch.float32
     """
     return autocast_dtype(config.precision, device) or torch.float32
@@ -43,7 +43,7 @@ def use_unsloth(device: torch.device) -> bool:
     return importlib.util.find_spec("unsloth") is not None
 
 
-def _lora_config(config: TrainConfig) -> Any:
+def _lora_config(config: TrainingSettings) -> Any:
     from peft import LoraConfig
 
     return LoraConfig(
@@ -58,7 +58,7 @@ def _lora_config(config: TrainConfig) -> Any:
 
 def load_trainable_model(
     base_model_path: Path,
-    config: TrainConfig,
+    config: TrainingSettings,
     device: torch.device,
     *,
     adapter_path: Path | None = None,
@@ -72,7 +72,7 @@ def load_trainable_model(
     rank's shard to ``device``.
 
     Example:
-        >>> model = load_trainable_model(Path(".art/base_models/tiny-random"), TrainConfig(),
+        >>> model = load_trainable_model(Path(".art/base_models/tiny-random"), TrainingSettings(),
         ...                              torch.device("cpu"))  # doctest: +SKIP
     """
     dtype = base_weights_dtype(config, device)
@@ -97,7 +97,7 @@ def load_trainable_model(
 
 def _load_with_peft(
     base_model_path: Path,
-    config: TrainConfig,
+    config: TrainingSettings,
     dtype: torch.dtype,
     device: torch.device,
     adapter_path: Path | None,
@@ -117,7 +117,7 @@ def _load_with_peft(
 
 def _load_with_unsloth(
     base_model_path: Path,
-    config: TrainConfig,
+    config: TrainingSettings,
     dtype: torch.dtype,
     adapter_path: Path | None,
 ) -> Any:  # pragma: no cover - needs CUDA

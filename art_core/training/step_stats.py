@@ -61,6 +61,13 @@ class StepStats:
             disable=not show_bar,
         )
 
+    def set_total(self, num_micro_batches: int) -> None:
+        """Correct the expected number of micro-batches (a step that builds its micro-batches
+        as it goes, e.g. SFT, knows the exact total only at the end)."""
+        self.num_micro_batches = num_micro_batches
+        self._bar.total = num_micro_batches
+        self._bar.refresh()
+
     def micro_batch(
         self, metrics: dict[str, float], *, tokens: int, epoch: int, update: int, **extra: Any
     ) -> None:

@@ -18,7 +18,7 @@ import math
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from art_core.training.checkpoints import (
     save_checkpoint,
     steps_to_delete,
 )
-from art_core.training.config import TrainConfig, TrainResult
+from art_core.training.config import SFTConfig, TrainConfig, TrainingSettings, TrainResult
 from art_core.training.loading import (
     adapter_settings,
     base_weights_dtype,
@@ -46,6 +46,7 @@ from art_core.training.loading import (
 )
 from art_core.training.loss import LossOutput, grpo_loss, token_logprobs
 from art_core.training.packing import MicroBatch, make_micro_batches
+from art_core.training.sft import SFTRecord, plan_sft, run_sft
 from art_core.training.step_stats import ALWAYS_REPORTED, ProgressCallback, StepStats
 from art_core.trajectories import TrajectoryGroup
 
@@ -166,6 +167,71 @@ class Trainer:
                 self._loaded_step = -1
                 raise
 
+    def train_sft(
+        self,
+        records: Sequence[SFTRecord],
+        config: SFTConfig | None = None,
+        *,
+        on_progress: ProgressCallback | None = None,
+        groups: Sequence[TrajectoryGroup] = (),
+        data_metrics: Mapping[str, float] | None = None,
+    ) -> TrainResult:
+        """Supervised epochs on ``records`` and write checkpoint ``latest_step() + 1``.
+
+        Cross-entropy on the trained (assistant) tokens of each record's sequences, token-mean
+        over each batch of ``config.resolved_batch_size`` records (see ``training.sft``).
+        Same adapter, optimizer state, checkpoints and history as ``train_step``: the history
+        record has split ``sft`` and ``sft/...`` metrics, under the step the call started
+        from; ``groups`` (the data as trajectories) go to ``trajectories/sft/{step:04d}.jsonl``
+        and ``data_metrics`` (e.g. how many records were rendered) join the metrics.
+        Every record is checked before the first update; a failure leaves no checkpoint.
+
+        Example:
+            >>> records = [SFTRecord("demo", [TokenSequence([1, 2, 3], [False, True, True],
+            ...                                             [0.0, 0.0, 0.0])])]
+            >>> trainer.train_sft(records, SFTConfig(learning_rate=1e-4, epochs=2)).step  # doctest: +SKIP
+            1
+        """
+        config = SFTConfig() if config is None else config
+        if not isinstance(config, SFTConfig):
+            raise TypeError(f"config must be an SFTConfig, got {type(config).__name__}")
+        records = list(records)
+        with self._lock:
+            started = time.perf_counter()
+            self._ensure_loaded(config)
+            assert self._optimizer is not None
+            plan = plan_sft(
+                records,
+                config,
+                attn_implementation=getattr(self._model.config, "_attn_implementation", None),
+                max_length=getattr(self._model.config, "max_position_embeddings", None),
+            )
+            step = self._loaded_step
+            try:
+                devices = [self.device] if self.device.type == "cuda" else []
+                with torch.random.fork_rng(devices=devices):
+                    # Dropout is reproducible per step without disturbing anyone else's RNG.
+                    torch.manual_seed(config.seed + step + 1)
+                    metrics = run_sft(
+                        plan,
+                        model=self._model,
+                        optimizer=self._optimizer,
+                        forward=lambda batch: self._logprobs(batch, config),
+                        config=config,
+                        stats=StepStats(
+                            step=step + 1,
+                            num_micro_batches=len(plan.updates),
+                            on_progress=on_progress,
+                            started=started,
+                        ),
+                    )
+                metrics.update(data_metrics or {})
+                return self._save(step, step + 1, list(groups), config, metrics, split="sft")
+            except BaseException:
+                # The weights in memory may be half-updated: reload the latest checkpoint next.
+                self._loaded_step = -1
+                raise
+
     def delete_checkpoints(
         self,
         best_checkpoint_metric: str = "train/reward",
@@ -211,7 +277,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ loading
 
-    def _ensure_loaded(self, config: TrainConfig, *, check_lora: bool = True) -> None:
+    def _ensure_loaded(self, config: TrainingSettings, *, check_lora: bool = True) -> None:
         latest = self.latest_step()
         dtype = base_weights_dtype(config, self.device)
         if self._model is None or self._loaded_step != latest or self._base_dtype != dtype:
@@ -226,20 +292,21 @@ class Trainer:
         have, want = adapter_settings(self._model), config.lora_settings()
         if check_lora and have != want:
             raise ValueError(
-                f"the adapter of {self.model_dir} has LoRA settings {have}, but the TrainConfig "
-                f"asks for {want}; LoRA shape cannot change between steps of one model"
+                f"the adapter of {self.model_dir} has LoRA settings {have}, but the "
+                f"{type(config).__name__} asks for {want}; LoRA shape cannot change between "
+                "steps of one model"
             )
 
     def _load_model_and_optimizer(
-        self, config: TrainConfig, adapter: Path | None
+        self, config: TrainingSettings, adapter: Path | None
     ) -> tuple[Any, torch.optim.Optimizer, list[str]]:
         """The trainable model (from ``adapter`` when given), its AdamW optimizer (with the
         adapter's saved state) and the names of the parameters it optimizes, in order."""
         model = self._load_model(config, adapter)
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        # The learning rate is set before every update (a schedule may change it).
         optimizer = torch.optim.AdamW(
             [p for _, p in named],
-            lr=config.learning_rate,
             betas=config.adam_betas,
             weight_decay=config.weight_decay,
         )
@@ -248,20 +315,20 @@ class Trainer:
             load_optimizer_state(adapter, optimizer, param_names)
         return model, optimizer, param_names
 
-    def _load_model(self, config: TrainConfig, adapter: Path | None) -> Any:
+    def _load_model(self, config: TrainingSettings, adapter: Path | None) -> Any:
         """The base model with its trainable adapter, on this trainer's device."""
         return load_trainable_model(self.base_model_path, config, self.device, adapter_path=adapter)
 
     # ------------------------------------------------------------------ training
 
-    def _autocast(self, config: TrainConfig) -> contextlib.AbstractContextManager[Any]:
+    def _autocast(self, config: TrainingSettings) -> contextlib.AbstractContextManager[Any]:
         dtype = autocast_dtype(config.precision, self.device)
         if dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
     def _logprobs(
-        self, batch: MicroBatch, config: TrainConfig
+        self, batch: MicroBatch, config: TrainingSettings
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The current model's logprobs (and entropies) of the batch's trained tokens."""
         device = self.device
@@ -472,11 +539,13 @@ class Trainer:
         step: int,
         new_step: int,
         groups: list[TrajectoryGroup],
-        config: TrainConfig,
+        config: TrainingSettings,
         metrics: dict[str, float],
+        *,
+        split: str = "train",
     ) -> TrainResult:
         assert self._optimizer is not None
-        metrics = {**metrics, "train/trained": 1.0}
+        metrics = {**metrics, f"{split}/trained": 1.0}
         folder = save_checkpoint(
             self.folder,
             new_step,
@@ -490,7 +559,7 @@ class Trainer:
             },
         )
         self._loaded_step = new_step
-        self._record(step, groups, metrics, checkpoint_step=new_step)
+        self._record(step, groups, metrics, checkpoint_step=new_step, split=split)
         return TrainResult(step=new_step, metrics=metrics, checkpoint_path=str(folder))
 
     def _record(
@@ -500,15 +569,17 @@ class Trainer:
         metrics: dict[str, float],
         *,
         checkpoint_step: int | None,
+        split: str = "train",
     ) -> None:
-        """The step's groups under ``trajectories/train/{step:04d}.jsonl`` and its metrics
-        in ``history.jsonl`` (both under the step that sampled the rollouts)."""
+        """The step's groups under ``trajectories/{split}/{step:04d}.jsonl`` and its metrics
+        in ``history.jsonl`` (both under the step that sampled the rollouts, or that an SFT
+        call started from)."""
         # Appended: a step that trained nothing and the next one both sampled with step ``step``.
-        self.folder.append_trajectories("train", step, (g.model_dump_json() for g in groups))
+        self.folder.append_trajectories(split, step, (g.model_dump_json() for g in groups))
         self.folder.append_history(
             {
                 "step": step,
-                "split": "train",
+                "split": split,
                 "time": time.time(),
                 "checkpoint_step": checkpoint_step,
                 # NaN/inf (a diverged step) become null: history.jsonl stays strict JSON.

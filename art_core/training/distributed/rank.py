@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from art_core.training.checkpoints import stage_checkpoint
-from art_core.training.config import TrainConfig
+from art_core.training.config import TrainConfig, TrainingSettings
 from art_core.training.distributed.messages import decode_examples
 from art_core.training.loading import load_trainable_model
 from art_core.training.packing import MicroBatch, TrainingExample, make_micro_batches, pack_row
@@ -85,7 +85,7 @@ class RankTrainer(Trainer):
         self.allreduce_seconds = 0.0
         self.last_allreduce_seconds = 0.0
 
-    def _load_model(self, config: TrainConfig, adapter: Path | None) -> Any:
+    def _load_model(self, config: TrainingSettings, adapter: Path | None) -> Any:
         if not self.shard_base_model:
             return super()._load_model(config, adapter)
         from art_core.training.distributed.fsdp import shard_model
@@ -102,7 +102,7 @@ class RankTrainer(Trainer):
         return model
 
     def _load_model_and_optimizer(
-        self, config: TrainConfig, adapter: Path | None
+        self, config: TrainingSettings, adapter: Path | None
     ) -> tuple[Any, torch.optim.Optimizer, list[str]]:
         model, optimizer, names = super()._load_model_and_optimizer(config, adapter)
         if self.shard_base_model:

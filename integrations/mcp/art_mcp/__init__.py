@@ -23,6 +23,7 @@ from art_mcp.servers import HttpServer, ServerLike, StdioServer, parse_server
 from art_mcp.session import McpSession, ServerConnectionError, ToolOutput, connect
 from art_mcp.tools import ToolSet, complete_task_tool, input_schema_to_parameters
 from art_mcp.train import Judge, StepRecord, TrainReport, scenarios_for_step, train, validate
+from art_mcp.warm_start import WarmStart, WarmStartReport, warm_start
 
 __all__ = [
     "HttpServer",
@@ -40,6 +41,8 @@ __all__ = [
     "ToolSet",
     "TrainReport",
     "ValSummary",
+    "WarmStart",
+    "WarmStartReport",
     "answer_reward",
     "before_after_table",
     "complete_task_tool",
@@ -58,4 +61,5 @@ __all__ = [
     "tool_results",
     "train",
     "validate",
+    "warm_start",
 ]

@@ -100,6 +100,14 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--learning-rate", type=float, default=1e-4)
     group.add_argument("--lora-rank", type=int, default=8)
     group.add_argument("--seed", type=int, default=0)
+    group.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="stop starting steps after this many minutes of training (warm start included; "
+        "validation excluded)",
+    )
+    warm_start_args(parser)
     sparse = parser.add_argument_group("sparse rewards (see the README: when nothing is learned)")
     sparse.add_argument(
         "--dynamic-sampling",
@@ -154,6 +162,71 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     reward.add_argument("--judge-model", default=None, help="RULER judge (OpenAI-compatible)")
     reward.add_argument("--judge-base-url", default=None)
     reward.add_argument("--judge-api-key", default=None)
+
+
+def warm_start_args(parser: argparse.ArgumentParser) -> None:
+    """``--warm-start N`` and its options (SFT on successful runs before GRPO)."""
+    warm = parser.add_argument_group("warm start (SFT on successful runs first, see the README)")
+    warm.add_argument(
+        "--warm-start",
+        type=int,
+        metavar="N",
+        default=None,
+        help="before GRPO, SFT a fresh model on N runs that reached the full reward: a "
+        "teacher's (--teacher-model), else the best run of each of the model's own groups",
+    )
+    warm.add_argument("--teacher-model", default=None, help="OpenAI-compatible teacher model")
+    warm.add_argument("--teacher-base-url", default=None, help="default: OpenAI's API")
+    warm.add_argument("--teacher-api-key", default=None, help="default: $OPENAI_API_KEY")
+    warm.add_argument(
+        "--warm-start-max-rollouts",
+        type=int,
+        default=None,
+        help="the most runs spent looking for the N traces (default 8 x N)",
+    )
+    warm.add_argument(
+        "--warm-start-min-reward",
+        type=float,
+        default=1.0,
+        help="a run is a trace to learn from when its reward is at least this",
+    )
+    warm.add_argument("--sft-epochs", type=int, default=3)
+    warm.add_argument("--sft-learning-rate", type=float, default=5e-4)
+    warm.add_argument("--sft-batch-size", type=int, default=4)
+
+
+def warm_start_from_args(args: argparse.Namespace) -> Any:
+    """The ``art_mcp.WarmStart`` the arguments ask for, or None."""
+    import os
+
+    import art_core as art
+    from art_mcp.warm_start import WarmStart
+
+    traces = getattr(args, "warm_start", None)
+    if traces is None:
+        return None
+    teacher = None
+    if getattr(args, "teacher_model", None):
+        teacher = art.Model(
+            name="teacher",
+            inference_base_url=args.teacher_base_url or "https://api.openai.com/v1",
+            inference_model_name=args.teacher_model,
+            inference_api_key=args.teacher_api_key or os.environ.get("OPENAI_API_KEY"),
+        )
+    return WarmStart(
+        traces=traces,
+        teacher=teacher,
+        rollouts_per_scenario=max(args.rollouts_per_group, 1),
+        max_rollouts=getattr(args, "warm_start_max_rollouts", None),
+        min_reward=getattr(args, "warm_start_min_reward", 1.0),
+        config=art.SFTConfig(
+            learning_rate=args.sft_learning_rate,
+            epochs=args.sft_epochs,
+            batch_size=args.sft_batch_size,
+            seed=args.seed,
+        ),
+        seed=args.seed,
+    )
 
 
 def _run(command: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], int]:
@@ -334,6 +407,8 @@ async def train_from_args(
             max_group_size=getattr(args, "max_group_size", None),
             curriculum=getattr(args, "curriculum", False),
             success_threshold=getattr(args, "success_threshold", 1.0),
+            warm_start=warm_start_from_args(args),
+            time_budget_s=None if getattr(args, "minutes", None) is None else args.minutes * 60,
             **kw,
         )
     wall = time.perf_counter() - started
@@ -347,5 +422,7 @@ async def train_from_args(
         )
     print()
     print(report.table())
-    print(f"\nwall time {wall / 60:.1f} min")
+    if report.warm_start is not None:
+        print(report.warm_start.line())
+    print(f"\nwall time {wall / 60:.1f} min (training {report.training_s / 60:.1f} min)")
     return report

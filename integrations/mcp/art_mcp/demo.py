@@ -6,12 +6,18 @@ then report the number through ``complete_task``. Every task has a known answer,
 are computed by a program (``art_mcp.answer_reward``: 1 for the right number, else 0.3 for
 looking it up plus 0.2 for giving any final answer); with ``--judge-model`` RULER scores the
 runs instead. It validates on held-out tasks before and after training and prints the comparison.
+
+With ``--warm-start N`` it trains two fresh models for the same wall time: one first learns
+(SFT) from N successful runs (a teacher's with ``--teacher-model``, else the best run of each
+of its own groups) and then runs ``--steps`` steps; the other runs GRPO alone for as long as
+the first took. The closing note compares their validation rewards.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import sys
 import time
 from contextlib import AsyncExitStack
@@ -66,6 +72,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--judge-model", default=None, help="score with RULER instead")
     parser.add_argument("--judge-base-url", default=None)
     parser.add_argument("--judge-api-key", default=None)
+    from art_mcp.cli import warm_start_args
+
+    warm_start_args(parser)
     parser.set_defaults(func=lambda args: asyncio.run(run_demo(args)))
 
 
@@ -75,7 +84,7 @@ async def run_demo(args: argparse.Namespace) -> int:
     Example:
         >>> # art-core mcp demo --steps 8
     """
-    from art_mcp.cli import open_log, train_from_args
+    from art_mcp.cli import open_log
     from art_mcp.local import spawn_http_server
     from art_mcp.rollout import RolloutSettings
     from art_mcp.scenarios import load_scenarios
@@ -124,6 +133,10 @@ async def run_demo(args: argparse.Namespace) -> int:
             server = await stack.enter_async_context(
                 spawn_http_server(f"python {script} --http", errlog=errlog)
             )
+        if args.warm_start is not None:
+            return await _compare_warm_start(args, server, train_set, val, errlog, started)
+        from art_mcp.cli import train_from_args
+
         report = await train_from_args(args, server, train_set, val, errlog=errlog)
     wall = time.perf_counter() - started
     before, after = report.before.mean_reward, report.after.mean_reward
@@ -134,3 +147,62 @@ async def run_demo(args: argparse.Namespace) -> int:
         file=sys.stdout,
     )
     return 0 if after > before else 1
+
+
+# GRPO steps the arm without a warm start may take: its time budget stops it first.
+UNBOUNDED_STEPS = 10_000
+
+
+async def _compare_warm_start(
+    args: argparse.Namespace,
+    server: Any,
+    train_set: list[Any],
+    val: list[Any],
+    errlog: Any,
+    started: float,
+) -> int:
+    """Train ``{name}-warm`` (warm start, then ``--steps``), then ``{name}-plain`` (GRPO only)
+    for the same training time; print both. 0 when the warm-started model improved."""
+    from art_mcp.cli import train_from_args
+
+    if args.judge_model:
+        raise ValueError("--warm-start picks runs by the answer reward: drop --judge-model")
+    name = args.name
+    warm_args = copy.copy(args)
+    warm_args.name = f"{name}-warm"
+    print(f"\n== {warm_args.name}: warm start on {args.warm_start} traces, then GRPO", flush=True)
+    warm = await train_from_args(warm_args, server, train_set, val, errlog=errlog)
+    plain_args = copy.copy(args)
+    plain_args.name = f"{name}-plain"
+    plain_args.warm_start = None
+    plain_args.steps = UNBOUNDED_STEPS
+    plain_args.minutes = warm.training_s / 60
+    print(
+        f"\n== {plain_args.name}: GRPO alone for the same {plain_args.minutes:.1f} min", flush=True
+    )
+    plain = await train_from_args(plain_args, server, train_set, val, errlog=errlog)
+    wall = time.perf_counter() - started
+    print(f"\n{closing_note(args, warm, plain)}\ntotal wall time {wall / 60:.1f} min.")
+    return 0 if warm.after.mean_reward > warm.before.mean_reward else 1
+
+
+def closing_note(args: argparse.Namespace, warm: Any, plain: Any) -> str:
+    """Validation reward after the same training time, with and without the warm start.
+
+    Example:
+        >>> print(closing_note(args, warm_report, plain_report))  # doctest: +SKIP
+        Same training time (3.2 / 3.3 min, validation excluded), smollm2-135m: ...
+    """
+    source = warm.warm_start.line() if warm.warm_start else "warm start: not run"
+    return "\n".join(
+        [
+            f"Same training time ({warm.training_s / 60:.1f} / {plain.training_s / 60:.1f} min, "
+            f"validation excluded), {args.base_model}, mean validation reward:",
+            f"  with --warm-start {args.warm_start}: {warm.before.mean_reward:.3f} -> "
+            f"{warm.after.mean_reward:.3f} (step {warm.after.step}, {len(warm.steps)} GRPO steps)",
+            f"  without:{' ' * (len(str(args.warm_start)) + 8)} {plain.before.mean_reward:.3f} -> "
+            f"{plain.after.mean_reward:.3f} (step {plain.after.step}, {len(plain.steps)} GRPO "
+            "steps)",
+            f"  {source}",
+        ]
+    )

@@ -12,6 +12,11 @@ starting groups until ``groups_per_step`` have unequal rewards (at most
 giving up on it, and ``curriculum`` prefers scenarios solved about half the time. Every step
 reports groups with a signal, all-equal groups, rollouts spent and the share of scenarios
 never solved (in the progress output and ``history.jsonl``).
+
+``warm_start`` first trains a fresh model by SFT on successful runs (``art_mcp.warm_start``:
+a teacher's, or the best of the model's own groups); ``time_budget_s`` stops starting steps
+once that much training time (warm start included) has passed, so runs with and without a
+warm start can be compared at the same wall time.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from art_mcp.report import ValSummary, before_after_table
 from art_mcp.rollout import RewardFn, RolloutSettings, rollout
 from art_mcp.scenarios import Scenario
 from art_mcp.servers import ServerLike, parse_server
+from art_mcp.warm_start import WarmStart, WarmStartReport
+from art_mcp.warm_start import warm_start as run_warm_start
 
 
 @dataclass
@@ -69,6 +76,9 @@ class TrainReport:
     after: ValSummary
     wall_s: float
     judged_jointly: bool = False
+    # Time from the first validation's end to the last step's end (warm start included).
+    training_s: float = 0.0
+    warm_start: WarmStartReport | None = None
 
     def table(self) -> str:
         """The before/after table (RULER-judged jointly when a judge was used)."""
@@ -163,6 +173,8 @@ async def train(
     max_group_size: int | None = None,
     curriculum: bool = False,
     success_threshold: float = 1.0,
+    warm_start: WarmStart | None = None,
+    time_budget_s: float | None = None,
 ) -> TrainReport:
     """Train ``model`` (registered) to solve ``scenarios`` with ``server``'s tools.
 
@@ -179,6 +191,11 @@ async def train(
     up to ``max_rollouts_per_step`` rollouts a step, default 4x a plain step),
     ``max_group_size`` (adaptive group size) and ``curriculum``; a run solved a scenario when
     its reward >= ``success_threshold`` (for the curriculum and the never-solved share).
+
+    ``warm_start`` (a fresh model only: at step 0) runs before the first step, after the
+    first validation; its SFT checkpoint is a step, so ``steps`` counts it. Its SFT config
+    defaults to the GRPO config's LoRA shape. ``time_budget_s``: no step starts once that
+    much time has passed since the first validation ended.
 
     Example:
         >>> report = await art_mcp.train(model, "python examples/mcp/shop_server.py", scenarios,
@@ -208,6 +225,10 @@ async def train(
             f"max_rollouts_per_step ({max_rollouts_per_step}) must be >= groups_per_step x "
             f"rollouts_per_group ({plain_step}) without dynamic sampling"
         )
+    if warm_start is not None and reward_fn is None:
+        raise ValueError("a warm start picks runs by reward: it needs reward_fn, not a judge")
+    if time_budget_s is not None and time_budget_s < 0:
+        raise ValueError(f"time_budget_s must be >= 0, got {time_budget_s}")
     config = config or TrainConfig(learning_rate=1e-4)
     spec = parse_server(server)
     val = list(val_scenarios) if val_scenarios is not None else scenarios[:8]
@@ -231,6 +252,25 @@ async def train(
         return step, groups
 
     before_step, before_groups = await run_val("validate (before)")
+    training_started = time.perf_counter()
+    warm_report = None
+    if warm_start is not None and reward_fn is not None:
+        if await model.get_step() > 0:
+            tqdm.write(
+                f"warm start skipped: {model.name} is at step {await model.get_step()} "
+                "(a warm start is for a fresh model)"
+            )
+        else:
+            warm_report = await run_warm_start(
+                model,
+                spec,
+                scenarios,
+                _with_lora_of(warm_start, config, seed),
+                reward_fn=reward_fn,
+                settings=settings,
+                errlog=errlog,
+            )
+            tqdm.write(warm_report.line())
     records: list[StepRecord] = []
     first = await model.get_step()
     current = {"step": first}
@@ -260,12 +300,24 @@ async def train(
         seed=seed,
         position=first * groups_per_step,
     )
-    bar = tqdm(total=steps, initial=min(first, steps), desc="mcp train", unit="step")
+    # With a time budget the step count is only a bound: no total (and no ETA) to show.
+    bar = tqdm(
+        total=steps if time_budget_s is None else None,
+        initial=min(first, steps),
+        desc="mcp train",
+        unit="step",
+    )
     try:
         step = first
         # A step that trains nothing (every group all-equal) leaves the checkpoint step where
         # it was: it still counts, so a reward nobody earns cannot keep this loop going.
         for _ in range(max(steps - first, 0)):
+            if (
+                time_budget_s is not None
+                and time.perf_counter() - training_started >= time_budget_s
+            ):
+                tqdm.write(f"time budget of {time_budget_s / 60:.1f} min spent: no more steps")
+                break
             current["step"] = step
             rollout_started = time.perf_counter()
             if rollouts_per_group >= 2:
@@ -327,6 +379,7 @@ async def train(
             step = result.step
     finally:
         bar.close()
+    training_s = time.perf_counter() - training_started
     after_step, after_groups = await run_val("validate (after)")
     joint = False
     if judge is not None:
@@ -338,7 +391,27 @@ async def train(
         after=ValSummary.of(after_step, after_groups),
         wall_s=time.perf_counter() - started,
         judged_jointly=joint,
+        training_s=training_s,
+        warm_start=warm_report,
     )
+
+
+def _with_lora_of(warm: WarmStart, config: Any, seed: int) -> WarmStart:
+    """``warm`` with an SFT config (default: ``SFTConfig()``) on the GRPO config's adapter
+    shape and precision: both train the same LoRA."""
+    import dataclasses
+
+    from art_core.training.config import SFTConfig
+
+    shared = {
+        "lora_rank": config.lora_rank,
+        "lora_alpha": config.lora_alpha,
+        "lora_dropout": config.lora_dropout,
+        "lora_target_modules": config.lora_target_modules,
+        "precision": config.precision,
+    }
+    base = warm.config if warm.config is not None else SFTConfig(seed=seed)
+    return dataclasses.replace(warm, config=base.model_copy(update=shared), seed=seed)
 
 
 def _ruler(judge: Judge) -> Callable[[art.TrajectoryGroup], Any]:

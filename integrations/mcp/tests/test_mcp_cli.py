@@ -107,3 +107,38 @@ def test_demo_runs_end_to_end_on_tiny_random(tmp_path: Path) -> None:
         .joinpath("checkpoints", "0001")
         .is_dir()
     )
+
+
+@pytest.mark.slow
+def test_demo_with_a_warm_start_compares_at_the_same_wall_time(tmp_path: Path) -> None:
+    result = run_cli(
+        "mcp",
+        "demo",
+        "--base-model",
+        "tiny-random",
+        "--path",
+        str(tmp_path),
+        "--steps",
+        "2",
+        "--groups-per-step",
+        "2",
+        "--rollouts-per-group",
+        "2",
+        "--val-rollouts",
+        "1",
+        "--warm-start",
+        "2",
+        "--warm-start-min-reward",
+        "0",
+        "--sft-epochs",
+        "1",
+        timeout=900,
+    )
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    out = result.stdout
+    assert "warm start on 2 traces, then GRPO" in out and "GRPO alone for the same" in out
+    assert "Same training time (" in out and "validation excluded), tiny-random" in out
+    assert "with --warm-start 2:" in out and "without:" in out
+    assert "warm start: 2 traces from the model itself" in out
+    models = {p.name for p in (tmp_path / "mcp-demo" / "models").iterdir()}
+    assert {n.rsplit("-", 1)[1] for n in models} == {"warm", "plain"}
