@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import art_mcp
 import pytest
 from art_mcp import HttpServer, WarmStart, spawn_http_server
-from mcp_support import SHOP_SCRIPT, mcp_backend  # noqa: F401 (fixture)
+from mcp_support import SHOP_SCRIPT
 from test_mcp_train import CONFIG, SETTINGS, shop_scenarios
 
 import art_core as art
@@ -27,11 +27,11 @@ def scored_runs(trajectory_groups: list[art.TrajectoryGroup]) -> list[float]:
 
 
 async def test_warm_start_from_its_own_best_runs_then_grpo(
-    mcp_backend: art.LocalBackend,  # noqa: F811
+    backend: art.LocalBackend,
     shop: HttpServer,
 ) -> None:
     model = art.TrainableModel(name="shop-warm", project="mcp-tests", base_model="tiny-random")
-    await model.register(mcp_backend)
+    await model.register(backend)
     scenarios = shop_scenarios()
     # Every run reaches 0.0: the best run of each group is a trace, whatever was sampled.
     warm = WarmStart(traces=3, rollouts_per_scenario=2, min_reward=0.0, max_rollouts=12)
@@ -58,7 +58,7 @@ async def test_warm_start_from_its_own_best_runs_then_grpo(
     # The SFT step is step 1; one GRPO step follows to reach step 2.
     assert [r.step for r in report.steps] == [1] and report.after.step == 2
     assert report.training_s > 0
-    history = mcp_backend.model_folder(model).read_history()
+    history = backend.model_folder(model).read_history()
     assert [h["split"] for h in history if h["split"] != "val"] == ["sft", "train"]
     sft = next(h for h in history if h["split"] == "sft")
     assert sft["checkpoint_step"] == 1 and sft["sft/num_records"] == warm_report.traces
@@ -82,21 +82,21 @@ async def test_warm_start_from_its_own_best_runs_then_grpo(
 
 
 async def test_warm_start_from_a_teacher_and_a_time_budget(
-    mcp_backend: art.LocalBackend,  # noqa: F811
+    backend: art.LocalBackend,
     shop: HttpServer,
 ) -> None:
     teacher_model = art.TrainableModel(
         name="shop-teacher", project="mcp-tests", base_model="tiny-random-1"
     )
-    await teacher_model.register(mcp_backend)
+    await teacher_model.register(backend)
     teacher = art.Model(
         name="teacher",
-        inference_base_url=mcp_backend.base_url,
+        inference_base_url=backend.base_url,
         inference_model_name="shop-teacher",
         inference_api_key="x",
     )
     student = art.TrainableModel(name="shop-student", project="mcp-tests", base_model="tiny-random")
-    await student.register(mcp_backend)
+    await student.register(backend)
     scenarios = shop_scenarios()
     report = await art_mcp.warm_start(
         student,
@@ -116,7 +116,7 @@ async def test_warm_start_from_a_teacher_and_a_time_budget(
     assert report.step == 1 and report.traces == 2
     assert report.metrics["sft/records_rendered"] == 2
     # The teacher's runs were its own: recorded by the proxy, never in the student's record.
-    logged = mcp_backend.model_folder(student).read_trajectories("sft", 0)
+    logged = backend.model_folder(student).read_trajectories("sft", 0)
     calls = [c for g in logged for t in g.trajectories for c in t.calls]
     assert calls and all(c.model == "shop-teacher" and not c.prompt_token_ids for c in calls)
     assert all(json.dumps(c.metadata).count("teacher") for c in calls)
