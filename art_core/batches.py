@@ -92,12 +92,15 @@ async def trajectory_group_batches(
             for task in done:
                 batch.append(task.result())
             bar.update(len(done))
-            while len(batch) >= batch_size or (batch and exhausted and not running):
+            while len(batch) >= batch_size:
                 ready, batch = batch[:batch_size], batch[batch_size:]
                 _check_exceptions(ready, max_batch_exceptions)
                 bar.close()
                 bar = None
                 yield ready
+        if batch:  # the last, smaller batch (the source may end only after its groups did)
+            _check_exceptions(batch, max_batch_exceptions)
+            yield batch
     finally:
         for task in running:
             task.cancel()

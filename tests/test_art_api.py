@@ -165,6 +165,34 @@ async def test_trajectory_group_batches_in_order_of_finishing_and_bounded() -> N
     assert sorted(t.reward for b in batches for g in b for t in g if t.reward) == [1, 2, 3, 4, 5]
 
 
+async def test_trajectory_group_batches_yields_the_last_batch_when_groups_finish_together() -> None:
+    # The source ends only after its last groups finished together with an odd remainder:
+    # the smaller last batch must still be yielded, not dropped.
+    gate = asyncio.Event()
+
+    async def waits(reward: float) -> art.TrajectoryGroup:
+        await gate.wait()
+        return art.TrajectoryGroup([art.Trajectory(reward=reward)])
+
+    async def instant(reward: float) -> art.TrajectoryGroup:
+        return art.TrajectoryGroup([art.Trajectory(reward=reward)])
+
+    async def opens_the_gate(reward: float) -> art.TrajectoryGroup:
+        gate.set()  # wakes the first group in the same loop turn as this one ends
+        await asyncio.sleep(0)
+        return art.TrajectoryGroup([art.Trajectory(reward=reward)])
+
+    source = iter([waits(1.0), instant(2.0), opens_the_gate(3.0)])
+    batches = [
+        b
+        async for b in art.trajectory_group_batches(
+            source, batch_size=2, max_concurrent_batches=1, pbar_desc=None
+        )
+    ]
+    assert sorted(g.trajectories[0].reward for b in batches for g in b) == [1.0, 2.0, 3.0]
+    assert [len(b) for b in batches] == [2, 1]
+
+
 async def test_trajectory_group_batches_skips_stops_and_counts_exceptions() -> None:
     running = {"now": 0, "max": 0, "started": 0}
     with warnings.catch_warnings():
