@@ -33,6 +33,7 @@ from art_core.messages import (  # noqa: E402
     Tools,
 )
 from art_core.model import Model, TrainableModel  # noqa: E402
+from art_core.pipeline import PipelineTrainer, make_group_rollout_fn  # noqa: E402
 from art_core.retry import retry  # noqa: E402
 from art_core.sampling import SamplingReport, ScenarioHistory, ScenarioSampler  # noqa: E402
 from art_core.trajectories import (  # noqa: E402
@@ -63,6 +64,7 @@ __all__ = [
     "Messages",
     "MessagesAndChoices",
     "Model",
+    "PipelineTrainer",
     "RemoteBackend",
     "RolloutException",
     "Run",
@@ -87,6 +89,7 @@ __all__ = [
     "gather_trajectories",
     "gather_trajectory_groups",
     "load_chat_jsonl",
+    "make_group_rollout_fn",
     "retry",
     "ruler",
     "ruler_score_group",

@@ -88,6 +88,11 @@ class ModelFolder:
         return self.root / "logs"
 
     @property
+    def pipeline_state(self) -> Path:
+        """Where ``PipelineTrainer`` keeps its position (scenarios used, counters)."""
+        return self.root / "pipeline_state.json"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 

@@ -48,12 +48,15 @@ class Backend(Protocol):
         config: TrainConfig | None = None,
         *,
         on_progress: ProgressCallback | None = None,
+        serve_while_training: bool = False,
         **overrides: Any,
     ) -> TrainResult:
         """One training step on finished groups. ``overrides`` are ``TrainConfig`` fields in
         ART's keyword style (``learning_rate=1e-5``). When this returns, the new adapter is
         the one served by default and its checkpoint is on disk; a step that raises leaves
-        the previous checkpoint in force."""
+        the previous checkpoint in force. ``serve_while_training``: the model keeps serving
+        while the step trains (pipelined training; ``ValueError`` where sampling and
+        training would share one device)."""
         ...
 
     async def train_sft(

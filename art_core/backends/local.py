@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from art_core.backends.base import BackendBase, ProgressCallback
+from art_core.cpu import cpu_budget
 from art_core.embedded import resolve_base_model
 from art_core.engines.base import Engine
 from art_core.engines.select import choose_engine
@@ -55,6 +56,9 @@ class _Registered:
     # threads, the idle team competes for the cores (decode steps measured ~1.6x slower).
     torch_thread: ThreadPoolExecutor
     trainer: Trainer | None = None
+    # The thread that trains while the engine keeps serving (``serve_while_training``),
+    # with its own share of the CPU threads; None until first used.
+    train_thread: ThreadPoolExecutor | None = None
     train_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -274,14 +278,19 @@ class LocalBackend(BackendBase):
         config: TrainConfig | None = None,
         *,
         on_progress: ProgressCallback | None = None,
+        serve_while_training: bool = False,
         **overrides: Any,
     ) -> TrainResult:
         """One training step; ``on_progress`` gets the trainer's per-batch records (in its
         worker thread), e.g. to stream them to a remote client.
 
-        The engine is paused (in-flight requests finish), the step runs on the model's torch
-        thread, the new adapter is loaded and serving resumes; a step that trained nothing
-        (see ``TrainResult.nothing_trained``) leaves the served adapter as it was.
+        Lock-step (default): the engine is paused (in-flight requests finish), the step runs
+        on the model's torch thread, the new adapter is loaded and serving resumes.
+        ``serve_while_training`` (pipelined training, ``art.PipelineTrainer``): the engine
+        keeps serving on its own cores while the step trains on the others, and the new
+        adapter is loaded between two decode steps (requests in flight finish on theirs). A
+        step that trained nothing (``TrainResult.nothing_trained``) leaves the served
+        adapter as it was.
         """
         config = self.train_config(config, overrides, model=model)
         entry = self._entry(model)
@@ -296,23 +305,73 @@ class LocalBackend(BackendBase):
         ]
         engine = entry.served.engine
         started = time.time()
+        step = functools.partial(self._trainer(entry).train_step, groups, config)
+        loop = asyncio.get_running_loop()
         async with entry.train_lock:
-            trainer = self._trainer(entry)
-            await self.server.call(engine.pause())
-            try:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    entry.torch_thread,
-                    functools.partial(trainer.train_step, groups, config, on_progress=on_progress),
+            if serve_while_training:
+                pool = self._train_thread(entry)
+                result = await loop.run_in_executor(
+                    pool, functools.partial(step, on_progress=on_progress)
                 )
-                if result.nothing_trained is None and result.checkpoint_path is not None:
-                    await self.server.call(
-                        engine.load_adapter(Path(result.checkpoint_path), result.step)
+                await self._serve_result(engine, result)
+            else:
+                await self.server.call(engine.pause())
+                try:
+                    result = await loop.run_in_executor(
+                        entry.torch_thread, functools.partial(step, on_progress=on_progress)
                     )
-            finally:
-                await self.server.call(engine.resume())
+                    await self._serve_result(engine, result)
+                finally:
+                    await self.server.call(engine.resume())
         tracing.train_step_finished(model, groups, config, result, started)
         metric_hooks.train_step_finished(model, result.metrics, result.step)
         return result
+
+    async def _serve_result(self, engine: Engine, result: TrainResult) -> None:
+        """Load the adapter a step produced (nothing to do when it trained nothing)."""
+        if result.nothing_trained is None and result.checkpoint_path is not None:
+            await self.server.call(engine.load_adapter(Path(result.checkpoint_path), result.step))
+
+    def prepare_serve_while_training(self, model: TrainableModel) -> None:
+        """Set up training while serving for ``model`` now (the thread and the CPU split);
+        ``ValueError`` where sampling and training would share one device."""
+        self._train_thread(self._entry(model))
+
+    def _train_thread(self, entry: _Registered) -> ThreadPoolExecutor:
+        """The thread that trains while the engine serves, the CPU threads split between them.
+
+        Refused where sampling and training would share one device (one GPU, or one CPU
+        core): taking turns (lock-step) is the right way to share it, and overlapping them
+        would only thrash.
+        """
+        if entry.train_thread is not None:
+            return entry.train_thread
+        from art_core.device import choose_device, use_cpu_threads
+        from art_core.engines.transformers_engine import TransformersEngine
+
+        engine = entry.served.engine
+        in_process = isinstance(engine, TransformersEngine)
+        trainer_device = choose_device(self.device)
+        if trainer_device.type == "cuda" and (in_process or getattr(engine, "cuda", False)):
+            raise ValueError(
+                "training while serving needs separate devices for sampling and training; "
+                "here one GPU holds both: train lock-step (the default), which gives the GPU "
+                "to each in turn"
+            )
+        budget = cpu_budget()
+        trainer_threads = max(1, budget // 2) if in_process else budget
+        if in_process and budget < 2:
+            raise ValueError(
+                f"training while serving needs two CPU cores (one to sample, one to train); "
+                f"this process may use {budget}: train lock-step (the default)"
+            )
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-train")
+        # torch's CPU thread count is per calling thread (OpenMP): each side gets its share.
+        pool.submit(use_cpu_threads, trainer_threads).result()
+        if in_process:
+            entry.torch_thread.submit(use_cpu_threads, budget - trainer_threads).result()
+        entry.train_thread = pool
+        return pool
 
     async def train_sft(
         self,
@@ -430,6 +489,8 @@ class LocalBackend(BackendBase):
             if entry.trainer is not None and self.training_world is not None:
                 await asyncio.to_thread(entry.trainer.unload)  # the rank processes
             entry.torch_thread.shutdown(wait=False)
+            if entry.train_thread is not None:
+                entry.train_thread.shutdown(wait=False)
         self._models.clear()
         if self._started:
             await asyncio.to_thread(self.server.stop)

@@ -220,6 +220,7 @@ class RemoteBackend(BackendBase):
         config: TrainConfig | None = None,
         *,
         on_progress: ProgressCallback | None = None,
+        serve_while_training: bool = False,
         **overrides: Any,
     ) -> TrainResult:
         """One training step on the server, its progress streamed back (see the module)."""
@@ -229,6 +230,7 @@ class RemoteBackend(BackendBase):
         payload = {
             "groups": [g.model_dump(mode="json") for g in groups],
             "config": config.model_dump(mode="json"),
+            "serve_while_training": serve_while_training,
         }
         started = time.time()
         result = await self._train_job(model, "train", payload, on_progress)

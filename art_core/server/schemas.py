@@ -92,6 +92,8 @@ class TrainRequest(BaseModel):
     job_id: str | None = Field(default=None, pattern=JOB_ID.pattern)
     groups: list[GroupPayload] = Field(min_length=1)
     config: TrainConfig = Field(default_factory=TrainConfig)
+    # Pipelined training: the model keeps serving while the step trains.
+    serve_while_training: bool = False
 
 
 # The most records one ``train_sft`` request may carry (the body limit bounds their size).

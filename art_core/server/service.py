@@ -182,7 +182,11 @@ class Service:
             model,
             request.job_id,
             lambda on_progress: self.backend.train(
-                model, groups, request.config, on_progress=on_progress
+                model,
+                groups,
+                request.config,
+                on_progress=on_progress,
+                serve_while_training=request.serve_while_training,
             ),
         )
 

@@ -1,0 +1,471 @@
+"""``PipelineTrainer``: sampling never stops while the model trains, with bounded staleness.
+
+The lock-step loop (gather, train, repeat) leaves the sampler idle while the trainer runs
+and the trainer idle while the sampler runs. Here rollout workers keep running groups on the
+adapter served at the moment; finished groups queue; the trainer takes a batch, trains it
+while the engine keeps serving (``backend.train(..., serve_while_training=True)``: on other
+cores, or another device), and the new adapter is loaded between two decode steps.
+
+Staleness is bounded and corrected, not hidden:
+
+- a group's **policy age** is how many steps the model has moved since its oldest call was
+  sampled (its recorded ``adapter_step``); a group older than ``max_steps_off_policy`` when
+  a batch is assembled is dropped and counted, never trained on;
+- the loss's importance ratio compares with the sampler's recorded logprobs, with truncated
+  importance sampling on by default (``TrainConfig.truncated_importance_sampling=2.0``);
+- each step's history record says the policy age of what it trained (mean, max) and what
+  was dropped (stale, no signal).
+
+The pipeline's position (which scenarios are done) is saved after every step, so a restarted
+pipeline continues at its latest checkpoint and the next scenario.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tqdm.auto import tqdm
+
+from art_core.files import atomic_write_text
+from art_core.trajectories import Trajectory, TrajectoryGroup
+
+if TYPE_CHECKING:
+    from art_core.backends.base import Backend
+    from art_core.model import TrainableModel
+    from art_core.training.config import TrainConfig, TrainResult
+
+logger = logging.getLogger(__name__)
+RolloutFn = Callable[..., Awaitable[Trajectory | TrajectoryGroup]]
+EvalFn = Callable[..., Any]
+STATE_VERSION = 1
+
+
+def make_group_rollout_fn(single_rollout_fn: RolloutFn, n: int = 4) -> RolloutFn:
+    """A rollout function returning a group of ``n`` runs of ``single_rollout_fn`` (ART's).
+
+    Example:
+        >>> group_fn = make_group_rollout_fn(rollout, n=8)  # doctest: +SKIP
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+
+    async def group_rollout(model: Any, scenario: Any, *config: Any) -> TrajectoryGroup:
+        runs: Any = (single_rollout_fn(model, scenario, *config) for _ in range(n))
+        return await TrajectoryGroup(runs)
+
+    return group_rollout
+
+
+@dataclass
+class _Sampled:
+    """A finished group waiting in the queue."""
+
+    group: TrajectoryGroup
+    scenario_index: int
+    oldest_step: int
+    rollouts: int
+
+
+@dataclass
+class PipelineState:
+    """Where a pipeline stands: scenarios done (trained, dropped or failed) and counters."""
+
+    next_scenario: int = 0  # every scenario before this index is done
+    done_beyond: list[int] = field(default_factory=list)  # done scenarios at or after it
+    steps: int = 0
+    groups_trained: int = 0
+    dropped_stale: int = 0
+    dropped_no_signal: int = 0
+    failed_groups: int = 0
+    rollouts: int = 0
+
+    def mark_done(self, index: int) -> None:
+        done = set(self.done_beyond) | {index}
+        while self.next_scenario in done:
+            done.discard(self.next_scenario)
+            self.next_scenario += 1
+        self.done_beyond = sorted(i for i in done if i >= self.next_scenario)
+
+    def is_done(self, index: int) -> bool:
+        return index < self.next_scenario or index in self.done_beyond
+
+    def to_json(self) -> str:
+        return json.dumps({"version": STATE_VERSION, **self.__dict__})
+
+    @classmethod
+    def load(cls, path: Path) -> PipelineState:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.pop("version", None) != STATE_VERSION:
+            raise ValueError(f"{path} is not a pipeline state this version can read")
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+class PipelineTrainer:
+    """Train while sampling: rollouts run continuously; the trainer takes full batches.
+
+    Arguments keep OpenPipe ART's names where they mean the same; both call shapes work:
+    ``PipelineTrainer(model, rollout_fn, scenarios, ...)`` and ART's
+    ``PipelineTrainer(model, backend, rollout_fn, scenarios, config, eval_fn, ...)``.
+
+    - ``rollout_fn(model, scenario[, config])`` returns a ``TrajectoryGroup``, or, with
+      ``group_size=N``, one ``Trajectory`` (run N times per scenario);
+    - ``groups_per_step`` (ART: ``min_batch_size``): groups trained per step;
+    - ``max_steps_off_policy``: the oldest policy a trained group may come from, in steps;
+    - ``num_rollout_workers``: groups sampled at once (default: ``groups_per_step``);
+    - ``train_config`` / ``learning_rate`` / ``loss_fn`` / ``normalize_advantages`` /
+      ``kl_penalty_coef``: the step's settings;
+    - ``eval_fn(model, step[, config])`` every ``eval_every_n_steps`` steps (and at the
+      start with ``eval_at_start``): its trajectories or groups are logged as ``val``;
+    - ``max_steps``: stop after this many steps (else when the scenarios run out);
+    - ``resume``: continue from the saved position (``pipeline_state.json``).
+
+    Example:
+        >>> trainer = art.PipelineTrainer(model, rollout, scenarios, group_size=8,
+        ...                               groups_per_step=4, max_steps_off_policy=1)
+        >>> await trainer.train()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: TrainableModel,
+        *args: Any,
+        backend: Backend | None = None,
+        rollout_fn: RolloutFn | None = None,
+        scenarios: Iterable[Any] | AsyncIterator[Any] | None = None,
+        config: Any = None,
+        eval_fn: EvalFn | None = None,
+        group_size: int | None = None,
+        groups_per_step: int | None = None,
+        min_batch_size: int | None = None,
+        num_rollout_workers: int | None = None,
+        max_steps_off_policy: int = 1,
+        max_steps: int | None = None,
+        train_config: TrainConfig | None = None,
+        learning_rate: float | None = None,
+        loss_fn: str | None = None,
+        normalize_advantages: bool | None = None,
+        kl_penalty_coef: float | None = None,
+        eval_every_n_steps: int = 0,
+        eval_at_start: bool = False,
+        keep_groups_without_signal: bool = False,
+        queue_maxsize: int | None = None,
+        resume: bool = True,
+        state_path: str | Path | None = None,
+        progress: bool = True,
+    ) -> None:
+        from art_core.backends.base import Backend
+
+        positional = list(args)
+        if positional and isinstance(positional[0], Backend):  # ART: (model, backend, ...)
+            backend = positional.pop(0)
+        names = ["rollout_fn", "scenarios", "config", "eval_fn"]
+        if len(positional) > len(names):
+            raise TypeError(f"PipelineTrainer takes at most {len(names) + 2} positional arguments")
+        given = dict(zip(names, positional, strict=False))
+        rollout_fn = given.get("rollout_fn", rollout_fn)
+        scenarios = given.get("scenarios", scenarios)
+        config = given.get("config", config)
+        eval_fn = given.get("eval_fn", eval_fn)
+        if rollout_fn is None or scenarios is None:
+            raise TypeError("PipelineTrainer needs a rollout_fn and scenarios")
+        if groups_per_step is not None and min_batch_size is not None:
+            raise TypeError("give groups_per_step or ART's min_batch_size, not both")
+        batch = groups_per_step or min_batch_size or 4
+        for name, value, low in (
+            ("groups_per_step", batch, 1),
+            ("max_steps_off_policy", max_steps_off_policy, 0),
+            ("eval_every_n_steps", eval_every_n_steps, 0),
+        ):
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if group_size is not None and group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (GRPO compares runs), got {group_size}")
+        if max_steps is not None and max_steps < 0:
+            raise ValueError(f"max_steps must be >= 0, got {max_steps}")
+        self.model = model
+        self.backend = backend
+        self.rollout_fn = rollout_fn
+        self.scenarios = scenarios
+        self.config = config
+        self.eval_fn = eval_fn
+        self.group_size = group_size
+        self.groups_per_step = batch
+        self.num_rollout_workers = num_rollout_workers or batch
+        self.max_steps_off_policy = max_steps_off_policy
+        self.max_steps = max_steps
+        self.train_config = self._train_config(
+            train_config, learning_rate, loss_fn, normalize_advantages, kl_penalty_coef
+        )
+        self.eval_every_n_steps = eval_every_n_steps
+        self.eval_at_start = eval_at_start
+        self.keep_groups_without_signal = keep_groups_without_signal
+        self.queue_maxsize = queue_maxsize or 2 * batch
+        self.resume = resume
+        self.state_path = Path(state_path) if state_path is not None else None
+        self.progress = progress
+        self.state = PipelineState()
+        self.results: list[TrainResult] = []
+        self._rollout_arity = _arity(rollout_fn)
+
+    @staticmethod
+    def _train_config(
+        config: TrainConfig | None,
+        learning_rate: float | None,
+        loss_fn: str | None,
+        normalize_advantages: bool | None,
+        kl_penalty_coef: float | None,
+    ) -> TrainConfig:
+        from art_core.training.config import TrainConfig
+
+        base = config or TrainConfig(truncated_importance_sampling=2.0)
+        updates: dict[str, Any] = {}
+        if learning_rate is not None:
+            updates["learning_rate"] = learning_rate
+        if loss_fn is not None:
+            updates["loss"] = loss_fn
+        if normalize_advantages is not None:
+            updates["scale_rewards"] = normalize_advantages
+        if kl_penalty_coef is not None:
+            updates["beta"] = kl_penalty_coef
+        if not updates:
+            return base
+        return TrainConfig.model_validate({**base.model_dump(), **updates})
+
+    # ------------------------------------------------------------------------------ state
+    def _state_file(self) -> Path:
+        if self.state_path is not None:
+            return self.state_path
+        folder = getattr(self._backend(), "model_folder", None)
+        if folder is not None:
+            return Path(folder(self.model).pipeline_state)
+        # A remote backend keeps the model's folder on its server: the position stays here.
+        return (
+            Path(".art") / self.model.project / "models" / self.model.name / "pipeline_state.json"
+        )
+
+    def _save_state(self) -> None:
+        atomic_write_text(self._state_file(), self.state.to_json())
+
+    def _backend(self) -> Backend:
+        return self.backend if self.backend is not None else self.model.backend()
+
+    # ------------------------------------------------------------------------------ rollouts
+    async def _scenario_stream(self) -> AsyncGenerator[tuple[int, Any], None]:
+        index = 0
+        if isinstance(self.scenarios, AsyncIterator):
+            async for scenario in self.scenarios:
+                if not self.state.is_done(index):
+                    yield index, scenario
+                index += 1
+        else:
+            for scenario in self.scenarios:
+                if not self.state.is_done(index):
+                    yield index, scenario
+                index += 1
+
+    async def _run_group(self, scenario: Any) -> TrajectoryGroup:
+        extra = (self.config,) if self._rollout_arity >= 3 else ()
+        if self.group_size is not None:
+            group = TrajectoryGroup(
+                self.rollout_fn(self.model, scenario, *extra) for _ in range(self.group_size)
+            )
+            return await group
+        result: Any = await self.rollout_fn(self.model, scenario, *extra)
+        if isinstance(result, TrajectoryGroup):
+            return await result if result.pending else result
+        if isinstance(result, Trajectory):
+            raise TypeError(
+                "rollout_fn returned one Trajectory: pass group_size=N to run it N times per "
+                "scenario, or return a TrajectoryGroup"
+            )
+        raise TypeError(f"rollout_fn returned {type(result).__name__}, not a TrajectoryGroup")
+
+    async def _worker(
+        self,
+        stream: AsyncGenerator[tuple[int, Any], None],
+        stream_lock: asyncio.Lock,
+        queue: asyncio.Queue[_Sampled | None],
+    ) -> None:
+        while True:
+            async with stream_lock:
+                item = await anext(stream, None)
+            if item is None:
+                return
+            index, scenario = item
+            try:
+                group = await self._run_group(scenario)
+            except Exception as exc:  # a group that failed as a whole: counted, skipped
+                logger.warning("scenario %d failed: %s: %s", index, type(exc).__name__, exc)
+                self.state.failed_groups += 1
+                self.state.mark_done(index)
+                continue
+            steps = [c.adapter_step for t in group.trajectories for c in t.calls]
+            oldest = min(steps) if steps else await self._backend().get_step(self.model)
+            rollouts = len(group.trajectories) + len(group.exceptions)
+            self.state.rollouts += rollouts
+            self._sampled += rollouts
+            await queue.put(_Sampled(group, index, oldest, rollouts))
+
+    # ------------------------------------------------------------------------------ training
+    async def _next_batch(
+        self, queue: asyncio.Queue[_Sampled | None], current_step: int
+    ) -> tuple[list[_Sampled], dict[str, int]]:
+        """``groups_per_step`` fresh groups with a signal (fewer at the very end)."""
+        batch: list[_Sampled] = []
+        dropped = {"stale": 0, "no_signal": 0}
+        while len(batch) < self.groups_per_step:
+            item = await queue.get()
+            if item is None:  # every worker is done: leave the mark for the next call
+                queue.put_nowait(None)
+                break
+            if current_step - item.oldest_step > self.max_steps_off_policy:
+                dropped["stale"] += 1
+                self.state.mark_done(item.scenario_index)
+            elif not item.group.has_signal and not self.keep_groups_without_signal:
+                dropped["no_signal"] += 1
+                self.state.mark_done(item.scenario_index)
+            else:
+                batch.append(item)
+        self.state.dropped_stale += dropped["stale"]
+        self.state.dropped_no_signal += dropped["no_signal"]
+        return batch, dropped
+
+    async def train(self) -> list[TrainResult]:
+        """Run the pipeline until ``max_steps`` steps trained or the scenarios ran out;
+        returns the results of the steps trained by this call."""
+        backend = self._backend()
+        prepare = getattr(backend, "prepare_serve_while_training", None)
+        if prepare is not None:
+            prepare(self.model)  # refuses clearly where sampling and training share a device
+        state_file = self._state_file()
+        if self.resume and state_file.is_file():
+            self.state = PipelineState.load(state_file)
+            logger.info(
+                "pipeline resumes at step %d, scenario %d",
+                await self.model.get_step(),
+                self.state.next_scenario,
+            )
+        if self.eval_fn is not None and self.eval_at_start:
+            await self._evaluate(await self.model.get_step())
+        queue: asyncio.Queue[_Sampled | None] = asyncio.Queue(maxsize=self.queue_maxsize)
+        stream = self._scenario_stream()
+        stream_lock = asyncio.Lock()
+        self._sampled = 0
+        workers = [
+            asyncio.ensure_future(self._worker(stream, stream_lock, queue))
+            for _ in range(self.num_rollout_workers)
+        ]
+
+        async def close_queue_when_done() -> None:
+            await asyncio.gather(*workers, return_exceptions=True)
+            await queue.put(None)
+
+        closer = asyncio.ensure_future(close_queue_when_done())
+        bar = tqdm(total=self.max_steps, desc="pipeline", unit="step", disable=not self.progress)
+        started = time.perf_counter()
+        trained_here: list[TrainResult] = []
+        try:
+            while self.max_steps is None or self.state.steps < self.max_steps:
+                current = await self.model.get_step()
+                batch, dropped = await self._next_batch(queue, current)
+                if not batch:
+                    break
+                result = await self._train_batch(batch, current, dropped, queue, started)
+                trained_here.append(result)
+                self.results.append(result)
+                bar.update(1)
+                bar.set_postfix(_postfix(result.metrics), refresh=False)
+                if self.eval_fn is not None and self.eval_every_n_steps:
+                    if self.state.steps % self.eval_every_n_steps == 0:
+                        await self._evaluate(result.step)
+        finally:
+            bar.close()
+            for task in [*workers, closer]:
+                task.cancel()
+            await asyncio.gather(*workers, closer, return_exceptions=True)
+            await stream.aclose()
+        return trained_here
+
+    async def _train_batch(
+        self,
+        batch: list[_Sampled],
+        current: int,
+        dropped: dict[str, int],
+        queue: asyncio.Queue[_Sampled | None],
+        started: float,
+    ) -> TrainResult:
+        ages = [current - item.oldest_step for item in batch]
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        report = {
+            "pipeline_policy_age_mean": sum(ages) / len(ages),
+            "pipeline_policy_age_max": float(max(ages)),
+            "pipeline_dropped_stale": float(dropped["stale"]),
+            "pipeline_dropped_no_signal": float(dropped["no_signal"]),
+            "pipeline_queue_depth": float(queue.qsize()),
+            "pipeline_samples_per_second": self._sampled / elapsed,
+        }
+        groups = []
+        for item in batch:
+            group = item.group.model_copy(deep=False)
+            group.metrics = {**group.metrics, **report}
+            groups.append(group)
+        result = await self._backend().train(
+            self.model, groups, self.train_config, serve_while_training=True
+        )
+        for item in batch:
+            self.state.mark_done(item.scenario_index)
+        self.state.groups_trained += len(batch)
+        self.state.steps += 1
+        await asyncio.to_thread(self._save_state)
+        return result
+
+    async def _evaluate(self, step: int) -> None:
+        assert self.eval_fn is not None
+        extra = (self.config,) if _arity(self.eval_fn) >= 3 else ()
+        outcome = self.eval_fn(self.model, step, *extra)
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
+        splits = outcome if isinstance(outcome, Mapping) else {"val": outcome}
+        for split, items in splits.items():
+            items = list(items)
+            if items:
+                await self.model.log(items, split=split)
+
+
+def _arity(fn: Callable[..., Any]) -> int:
+    """How many positional arguments ``fn`` takes (varargs count as many)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    kinds = [p.kind for p in parameters]
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        return 99
+    return sum(
+        k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for k in kinds
+    )
+
+
+def _postfix(metrics: dict[str, float]) -> dict[str, str]:
+    def get(name: str) -> float:
+        value = metrics.get(f"train/{name}", math.nan)
+        return value if value is not None else math.nan
+
+    return {
+        "reward": f"{get('reward'):.3f}",
+        "age": f"{get('pipeline_policy_age_mean'):.1f}",
+        "queue": f"{get('pipeline_queue_depth'):.0f}",
+        "samples/s": f"{get('pipeline_samples_per_second'):.1f}",
+        "train tok/s": f"{get('tokens_per_second'):.0f}",
+    }

@@ -1,0 +1,145 @@
+"""PipelineTrainer: learns while sampling never stops, trains nothing older than allowed,
+counts what it drops, and resumes at the right step and scenario after a kill."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pipeline_support import CONFIG, rollout, run_pipeline, scenarios, trained_groups
+
+import art_core as art
+from art_core.model_folder import ModelFolder
+
+
+def _steps_of(group: art.TrajectoryGroup) -> list[int]:
+    return [c.adapter_step for t in group.trajectories for c in t.calls]
+
+
+async def test_the_pipeline_learns_the_digits_task(tmp_path: Path) -> None:
+    async with art.LocalBackend(path=tmp_path) as backend:
+        model = art.TrainableModel(name="digits", project="pipeline", base_model="tiny-random")
+        await model.register(backend)
+        trainer = art.PipelineTrainer(
+            model,
+            rollout,
+            scenarios(),
+            group_size=8,
+            groups_per_step=4,
+            max_steps_off_policy=1,
+            max_steps=40,
+            train_config=CONFIG,
+            progress=False,
+        )
+        rewards = []
+        # One step at a time, so the test stops as soon as the task is learned.
+        while len(rewards) < 40:
+            trainer.max_steps = trainer.state.steps + 1
+            [result] = await trainer.train()
+            rewards.append(result.metrics["train/reward"])
+            if len(rewards) >= 3 and min(rewards[-3:]) >= 0.8:
+                break
+    curve = " ".join(f"{r:.2f}" for r in rewards)
+    assert rewards[0] <= 0.3 and min(rewards[-3:]) >= 0.8, curve
+    folder = ModelFolder.of(tmp_path, "pipeline", "digits")
+    # Staleness, from the recorded adapter steps: trained on step s = served by s or s - 1.
+    for step, groups in trained_groups(folder).items():
+        for group in groups:
+            assert min(_steps_of(group)) >= step - 1, (step, _steps_of(group))
+    records = [r for r in folder.read_history() if r.get("split") == "train"]
+    assert all(r["train/pipeline_policy_age_max"] <= 1 for r in records)
+    assert all("train/pipeline_dropped_stale" in r for r in records)
+    print(f"\npipelined reward by step: {curve}")
+
+
+async def test_groups_older_than_allowed_are_dropped_and_counted(tmp_path: Path) -> None:
+    async with art.LocalBackend(path=tmp_path) as backend:
+        model = art.TrainableModel(name="strict", project="pipeline", base_model="tiny-random")
+        await model.register(backend)
+        trainer = art.PipelineTrainer(
+            model,
+            rollout,
+            scenarios(),
+            group_size=4,
+            groups_per_step=2,
+            num_rollout_workers=6,  # more groups in flight than a step takes: some go stale
+            max_steps_off_policy=0,
+            max_steps=4,
+            train_config=CONFIG,
+            keep_groups_without_signal=True,
+            progress=False,
+        )
+        results = await trainer.train()
+    assert len(results) == 4
+    folder = ModelFolder.of(tmp_path, "pipeline", "strict")
+    for step, groups in trained_groups(folder).items():
+        for group in groups:
+            assert set(_steps_of(group)) == {step}  # only fresh groups were trained
+    assert trainer.state.dropped_stale > 0
+    records = [r for r in folder.read_history() if r.get("split") == "train"]
+    assert sum(r["train/pipeline_dropped_stale"] for r in records) == trainer.state.dropped_stale
+    assert all(r["train/pipeline_policy_age_max"] == 0 for r in records)
+
+
+async def test_a_killed_pipeline_resumes_at_its_step_and_next_scenario(tmp_path: Path) -> None:
+    here = Path(__file__).parent
+    stderr = (tmp_path / "stderr.txt").open("wb")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(here / "pipeline_support.py"),
+        str(tmp_path),
+        "100",
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(here), *sys.path])},
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )
+    folder = ModelFolder.of(tmp_path, "pipeline", "digits")
+    deadline = time.monotonic() + 300
+    try:
+        while True:  # kill it once two steps are saved
+            state = (
+                json.loads(folder.pipeline_state.read_text())
+                if folder.pipeline_state.exists()
+                else {}
+            )
+            if state.get("steps", 0) >= 2:
+                break
+            assert process.returncode is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the pipeline did not train two steps"
+            await asyncio.sleep(0.2)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+        stderr.close()
+    saved = json.loads(folder.pipeline_state.read_text())
+    step_at_kill = folder.latest_step()
+    assert step_at_kill >= saved["steps"] >= 2
+    done_before = set(range(saved["next_scenario"])) | set(saved["done_beyond"])
+
+    await run_pipeline(tmp_path, max_steps=saved["steps"] + 1)  # one more step
+    assert folder.latest_step() == step_at_kill + 1
+    after = json.loads(folder.pipeline_state.read_text())
+    assert after["steps"] == saved["steps"] + 1
+    newest = max(trained_groups(folder))
+    used = {t.metadata["scenario"] for g in folder.read_trajectories("train", newest) for t in g}
+    # The resumed pipeline went on with scenarios it had not done, from where it stood.
+    assert used and not used & done_before
+    assert min(used) >= saved["next_scenario"]
+
+
+async def test_one_core_is_refused_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from art_core.backends import local
+
+    monkeypatch.setattr(local, "cpu_budget", lambda: 1)
+    async with art.LocalBackend(path=tmp_path) as backend:
+        model = art.TrainableModel(name="one", project="pipeline", base_model="tiny-random")
+        await model.register(backend)
+        with pytest.raises(ValueError, match="two CPU cores"):
+            backend.prepare_serve_while_training(model)
