@@ -480,12 +480,13 @@ class LocalBackend(BackendBase):
     # ------------------------------------------------------------------------------ shutdown
     async def close(self) -> None:
         """Stop serving: finish queued work, close engines, stores and the gateway."""
+        stores = []
         for entry in self._models.values():
             try:
                 await self.server.call(entry.served.engine.close())
             except RuntimeError:
                 pass
-            entry.served.store.close()
+            stores.append(entry.served.store)
             if entry.trainer is not None and self.training_world is not None:
                 await asyncio.to_thread(entry.trainer.unload)  # the rank processes
             entry.torch_thread.shutdown(wait=False)
@@ -495,6 +496,9 @@ class LocalBackend(BackendBase):
         if self._started:
             await asyncio.to_thread(self.server.stop)
             self._started = False
+        # Stores close last: a call answered while the engines closed is still recorded.
+        for store in stores:
+            await asyncio.to_thread(store.close)
 
 
 def history_record(
