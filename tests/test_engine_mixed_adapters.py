@@ -100,3 +100,33 @@ async def test_a_new_adapter_is_loaded_between_decode_steps_without_draining(
         assert again.token_ids == new.token_ids and again.adapter_step == 2
     finally:
         await engine.close()
+
+
+async def test_a_cancelled_adapter_load_never_fails_the_batch_it_would_have_joined(
+    base_path: Path, tmp_path: Path
+) -> None:
+    make_adapter(base_path, tmp_path / "one", seed=1)
+    engine = TransformersEngine(base_path, dtype="float32", batch_window=0)
+    await engine.start()
+    try:
+        started = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        long_request = GenerationRequest(
+            [5, 6, 7],
+            SamplingParams(
+                temperature=1.0, max_tokens=300, seed=0, grammar="start: /[a-z]{4000,}/\n"
+            ),
+            on_tokens=lambda _c, _ids: loop.call_soon_threadsafe(started.set),
+        )
+        running = asyncio.ensure_future(engine.generate(long_request))
+        await asyncio.wait_for(started.wait(), 60)
+        # Loads given up by their callers (a cancelled train) at every point of their run.
+        for attempt in range(20):
+            load = asyncio.ensure_future(engine.load_adapter(tmp_path / "one", attempt + 1))
+            await asyncio.sleep(0.002 * (attempt % 4))
+            load.cancel()
+            await asyncio.gather(load, return_exceptions=True)
+        [result] = await asyncio.wait_for(running, 120)
+        assert result.finish_reason == "length" and len(result.token_ids) == 300
+    finally:
+        await engine.close()

@@ -14,7 +14,7 @@ import logging
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,12 +289,17 @@ class TransformersEngine(ServesAdapters):
             ops, self._ops = self._ops, []
         waiting = []
         for op, future in ops:
+            if future.cancelled():  # its caller gave up (e.g. a cancelled train): skip it
+                continue
             try:
-                future.set_result(op())
+                result = op()
             except _AfterBatch:
                 waiting.append((op, future))
+                continue
             except BaseException as exc:
-                future.set_exception(exc)
+                _settle(future, exception=exc)
+                continue
+            _settle(future, result=result)
         if waiting:  # run again at the batch's end (``_run_batch`` runs the ops then)
             with self._ops_lock:
                 self._ops[:0] = waiting
@@ -771,3 +776,17 @@ def _resolve(pending: _Pending, outcome: list[GenerationResult] | BaseException)
         deliver()
     else:
         pending.loop.call_soon_threadsafe(deliver)
+
+
+def _settle(
+    future: Future[Any], *, result: Any = None, exception: BaseException | None = None
+) -> None:
+    """Set an op's outcome unless its caller cancelled it meanwhile (a cancelled future
+    refuses a result: that must never fail the batch the op ran in)."""
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
