@@ -8,35 +8,29 @@ Example:
 
 from typing import TYPE_CHECKING
 
-from art_core.cpu import prefer_passive_openmp
-
-# Before anything imports torch: OpenMP threads that wait passively, so a competing process
-# slows torch work in proportion instead of many times over (see art_core/cpu.py).
-prefer_passive_openmp()
-
-from art_core import dev  # noqa: E402
-from art_core.backends.base import Backend  # noqa: E402
-from art_core.backends.local import LocalBackend  # noqa: E402
-from art_core.backends.remote import RemoteBackend  # noqa: E402
-from art_core.batches import trajectory_group_batches  # noqa: E402
-from art_core.capture import Run, capture, current_run  # noqa: E402
-from art_core.gather import (  # noqa: E402
+from art_core import dev
+from art_core.backends.base import Backend
+from art_core.backends.local import LocalBackend
+from art_core.backends.remote import RemoteBackend
+from art_core.batches import trajectory_group_batches
+from art_core.capture import Run, capture, current_run
+from art_core.gather import (
     TooManyExceptions,
     gather_trajectories,
     gather_trajectory_groups,
 )
-from art_core.messages import (  # noqa: E402
+from art_core.messages import (
     Message,
     MessageOrChoice,
     Messages,
     MessagesAndChoices,
     Tools,
 )
-from art_core.model import Model, TrainableModel  # noqa: E402
-from art_core.pipeline import PipelineTrainer, make_group_rollout_fn  # noqa: E402
-from art_core.retry import retry  # noqa: E402
-from art_core.sampling import SamplingReport, ScenarioHistory, ScenarioSampler  # noqa: E402
-from art_core.trajectories import (  # noqa: E402
+from art_core.model import Model, TrainableModel
+from art_core.pipeline import PipelineTrainer, make_group_rollout_fn
+from art_core.retry import retry
+from art_core.sampling import SamplingReport, ScenarioHistory, ScenarioSampler
+from art_core.trajectories import (
     History,
     LLMCall,
     RolloutException,

@@ -1,18 +1,21 @@
-"""How much CPU this process may use, and how its OpenMP threads wait (no torch import).
+"""How much CPU this process may use, and how much of it other processes leave free (no torch
+import).
 
 Two facts decide whether a competing process slows us in proportion or catastrophically:
 
 - **Threads follow the cores we may use**: the CPU affinity mask and a cgroup quota (a
   container limited to 2 CPUs on a 64-core host sees 64 cores). More threads than that only
   wait for each other.
-- **OpenMP threads wait passively.** libgomp's default is to spin for a while at every
-  barrier; when another process takes one of our cores, the remaining thread spins on a
-  barrier that waits for a thread that is not running, for every parallel region of every
-  op. Measured here (2 cores, 30 chained 576x576 matmuls per step, a loaded machine): 86 ms
-  per step with the default, 7.2 ms with ``OMP_WAIT_POLICY=PASSIVE``, 6.8 ms with one
-  thread. libgomp reads the policy once, when torch loads it, so it must be in the
-  environment before torch is imported: ``import art_core`` sets it (unless the user chose
-  one), and every process we start inherits it.
+- **Threads follow the cores other processes leave free.** OpenMP threads meet at a barrier
+  after every parallel region; when another process takes one of our cores, every region
+  waits for a thread the OS is not running. Measured here (2 cores, one GRPO step of
+  smollm2-135m, ``benchmarks/contention.py``), beside one CPU-bound process: libgomp's
+  default (spinning waits) 3.6-16x slower; ``OMP_WAIT_POLICY=PASSIVE`` in proportion but
+  ~2x slower alone (waking a sleeping thread costs, most in a VM whose idle vCPU halts); the
+  default wait with one thread fewer while the other process runs (``CoreUse``, read from
+  ``/proc/stat`` every 0.5 s; ``art_core.device.follow_free_cores``): as fast as the default
+  alone, 1.6x slower beside the competitor. ``import art_core`` leaves the wait policy to
+  the user; ``ART_CORE_FOLLOW_FREE_CORES=0`` keeps the thread count fixed.
 """
 
 from __future__ import annotations
@@ -20,27 +23,11 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
+import threading
+import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
-WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
-
-
-def prefer_passive_openmp() -> bool:
-    """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the user set a policy; True if it will apply
-    (torch not imported yet, or imported after the same setting)."""
-    if WAIT_POLICY_ENV in os.environ:
-        return os.environ[WAIT_POLICY_ENV].upper() == "PASSIVE"
-    if "torch" in sys.modules:
-        logger.info(
-            "torch was imported before art_core: its OpenMP threads spin while waiting, and a "
-            "competing process can slow steps many times over; export %s=PASSIVE to avoid it",
-            WAIT_POLICY_ENV,
-        )
-        return False
-    os.environ[WAIT_POLICY_ENV] = "PASSIVE"
-    return True
 
 
 def _cgroup_cpu_limit() -> float | None:
@@ -75,3 +62,90 @@ def cpu_budget() -> int:
     if limit is not None:
         cores = min(cores, max(1, math.ceil(limit)))
     return max(1, cores)
+
+
+ADAPT_ENV = "ART_CORE_FOLLOW_FREE_CORES"
+
+
+class CoreUse:
+    """How many of the cores this process may use other processes keep busy.
+
+    Read from ``/proc/stat`` (the busy time of the CPUs in this process's affinity mask)
+    minus this process's own CPU time, over the time since the previous reading; readings
+    closer than ``interval_s`` return the previous answer, so asking every decode step
+    costs a clock read. ``None`` where it cannot be known (not Linux, or a cgroup quota
+    decides the budget: ``/proc/stat`` then describes the host, not this container).
+
+    Example:
+        >>> use = CoreUse()
+        >>> use.others_busy() is None or use.others_busy() >= 0
+        True
+    """
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._last: tuple[float, float, float] | None = None  # (wall, cpus busy, own cpu)
+        self._busy: float | None = None
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        try:
+            self._cpus = {f"cpu{n}" for n in os.sched_getaffinity(0)}
+        except (AttributeError, OSError):
+            self._cpus = set()
+        self._usable = bool(self._cpus) and _cgroup_cpu_limit() is None
+
+    def _read(self) -> tuple[float, float, float] | None:
+        try:
+            lines = Path("/proc/stat").read_text().splitlines()
+        except OSError:
+            return None
+        busy = 0.0
+        for line in lines:
+            name, _, rest = line.partition(" ")
+            if name not in self._cpus:
+                continue
+            # user nice system idle iowait irq softirq steal (guest time is inside user)
+            fields = [int(x) for x in rest.split()[:8]]
+            busy += sum(fields) - fields[3] - fields[4]
+        own = os.times()
+        return time.monotonic(), busy / self._tick, own.user + own.system
+
+    def others_busy(self) -> float | None:
+        """Cores other processes kept busy since the previous reading (0.0 = all ours)."""
+        if not self._usable:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            if self._last is not None and now - self._last[0] < self.interval_s:
+                return self._busy
+            reading = self._read()
+            if reading is None:
+                self._usable = False
+                return None
+            if self._last is not None:
+                wall = reading[0] - self._last[0]
+                others = (reading[1] - self._last[1]) - (reading[2] - self._last[2])
+                self._busy = max(0.0, others / wall)
+            self._last = reading
+            return self._busy
+
+
+CORE_USE = CoreUse()  # one per process: readings are process-wide facts, shared by threads
+
+
+def free_cores(budget: int) -> int:
+    """The cores of ``budget`` that other processes leave free right now (at least 1); the
+    whole budget when unknown or when following free cores is turned off
+    (``ART_CORE_FOLLOW_FREE_CORES=0``).
+
+    Example:
+        >>> 1 <= free_cores(2) <= 2
+        True
+    """
+    if os.environ.get(ADAPT_ENV, "1") == "0":
+        return budget
+    busy = CORE_USE.others_busy()
+    if busy is None:
+        return budget
+    # A core counts as taken when another process used more than half of it.
+    return max(1, min(budget, budget - math.floor(busy + 0.5)))

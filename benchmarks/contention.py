@@ -3,14 +3,17 @@
 A step is the full public loop on the embedded smollm2-135m: 2 questions x 4 rollouts through
 the gateway (32 tokens max), then ``model.train`` (engine paused, GRPO step, adapter
 hot-swapped). Each configuration runs in its own process (OpenMP reads its wait policy when
-torch loads): warm-up steps, ``--steps`` steps alone, then the same number while another
+torch loads): warm-up steps, then ``--steps`` steps alone interleaved with as many while another
 process burns one core (``while True: pass``), which is what a second job on a 2-core box
 does. Goal (issue 19): at most 2.5x slower with the competitor (it takes half the cores).
 
 Configurations:
 - ``spin``: torch imported before art_core, so libgomp keeps its default (threads spin at
   barriers): the behaviour before art_core set a wait policy.
-- ``passive``: what ``import art_core`` does (``OMP_WAIT_POLICY=PASSIVE``).
+- ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep at barriers; waking them costs,
+  most in a VM where an idle vCPU halts).
+- ``follow``: libgomp's default wait, and the threads follow the cores other processes leave
+  free (``art_core.device.follow_free_cores``, read from ``/proc/stat`` every 0.5 s).
 
 Run:  bash run.sh bench contention            (or: python benchmarks/contention.py --steps 3)
 """
@@ -43,7 +46,7 @@ def _cpu_model() -> str:
 
 def _child(args: argparse.Namespace) -> None:
     """Measure one configuration in this process; print a JSON line with the step times."""
-    if args.policy == "spin":
+    if args.policy in ("spin", "follow"):
         import torch  # noqa: F401  (before art_core: libgomp keeps spinning waits)
     import asyncio
 
@@ -72,36 +75,30 @@ def _child(args: argparse.Namespace) -> None:
             chars = [c for c in text if not c.isspace()]
             return run.trajectory(reward=sum(c.isdigit() for c in chars) / max(len(chars), 1))
 
-        async def step(index: int) -> float:
+        async def step() -> float:
+            # Every step does the same work: the same questions and seeds, and a learning
+            # rate too small to change a sampled token (a learning policy answers shorter
+            # and shorter, which would make later steps cheaper, whatever the competition).
             started = time.perf_counter()
-            questions = [QUESTIONS[(2 * index + k) % len(QUESTIONS)] for k in range(2)]
             groups = await art.gather_trajectory_groups(
-                (
-                    art.TrajectoryGroup(rollout(q, 1000 * index + i) for i in range(4))
-                    for q in questions
-                ),
+                (art.TrajectoryGroup(rollout(q, i) for i in range(4)) for q in QUESTIONS[:2]),
                 pbar_desc=None,
             )
-            await model.train(groups, config=art.TrainConfig(learning_rate=1e-3))
+            await model.train(groups, config=art.TrainConfig(learning_rate=1e-9))
             return time.perf_counter() - started
 
-        index = 0
         for _ in range(args.warmup):
-            await step(index)
-            index += 1
-        alone = []
-        for _ in range(args.steps):
-            alone.append(await step(index))
-            index += 1
-        burner = await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass")
-        try:
-            contended = []
-            for _ in range(args.steps):
-                contended.append(await step(index))
-                index += 1
-        finally:
-            burner.kill()
-            await burner.wait()
+            await step()
+        alone, contended = [], []
+        for _ in range(args.steps):  # interleaved, so a drift of the machine hits both
+            alone.append(await step())
+            burner = await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass")
+            try:
+                await asyncio.sleep(0.2)  # the competitor is running before the step starts
+                contended.append(await step())
+            finally:
+                burner.kill()
+                await burner.wait()
         await backend.close()
         import torch
 
@@ -122,7 +119,7 @@ def main() -> None:
     parser.add_argument("--base-model", default="smollm2-135m")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--policies", default="spin,passive")
+    parser.add_argument("--policies", default="spin,passive,follow")
     parser.add_argument("--policy", help=argparse.SUPPRESS)  # set in the child process
     args = parser.parse_args()
     if args.policy:
@@ -134,6 +131,7 @@ def main() -> None:
     rows = []
     for policy in args.policies.split(","):
         env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        env["ART_CORE_FOLLOW_FREE_CORES"] = "1" if policy == "follow" else "0"
         command = [sys.executable, __file__, "--policy", policy, "--base-model", args.base_model]
         command += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
         out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)

@@ -1,43 +1,79 @@
-"""CPU threads follow the cores the process may use, and OpenMP waits passively."""
+"""CPU threads follow the cores the process may use and the cores other processes leave free."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from art_core import cpu
 
 
-def _env_after(code: str, **env: str) -> str:
+def test_import_art_core_leaves_the_openmp_wait_policy_to_the_user() -> None:
     clean = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**clean, **env},
+        [sys.executable, "-c", "import art_core, os; print(os.environ.get('OMP_WAIT_POLICY'))"],
+        env=clean,
         capture_output=True,
         text=True,
         check=True,
     )
-    return out.stdout.strip()
+    assert out.stdout.strip() == "None"
 
 
-def test_import_art_core_makes_openmp_wait_passively() -> None:
-    assert _env_after("import art_core, os; print(os.environ['OMP_WAIT_POLICY'])") == "PASSIVE"
+def test_a_cpu_bound_process_shows_as_a_busy_core() -> None:
+    use = cpu.CoreUse(interval_s=0.0)
+    if use.others_busy() is None and not use._usable:
+        pytest.skip("no /proc/stat view of this process's cores (not Linux, or a cgroup quota)")
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        use.others_busy()  # the reading the next one is compared with
+        time.sleep(1.0)
+        busy = use.others_busy()
+    finally:
+        burner.kill()
+        burner.wait()
+    # The competitor used about one whole core; this process almost none.
+    assert busy is not None and busy >= 0.6
 
 
-def test_a_policy_the_user_chose_is_kept() -> None:
-    code = "import art_core, os; print(os.environ['OMP_WAIT_POLICY'])"
-    assert _env_after(code, OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+def test_torch_threads_follow_the_cores_other_processes_leave_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
 
+    from art_core import device
 
-def test_torch_imported_first_is_left_alone_and_reported() -> None:
-    code = (
-        "import torch, art_core, os; from art_core.cpu import prefer_passive_openmp; "
-        "print(os.environ.get('OMP_WAIT_POLICY', 'unset'), prefer_passive_openmp())"
-    )
-    assert _env_after(code) == "unset False"
+    others = {"busy": 0.0}
+    monkeypatch.setattr(device, "cpu_budget", lambda: 2)
+    monkeypatch.setattr(cpu, "cpu_budget", lambda: 2)
+    monkeypatch.setattr(cpu.CORE_USE, "others_busy", lambda: others["busy"])
+    monkeypatch.delenv(cpu.ADAPT_ENV, raising=False)
+
+    def in_a_thread() -> list[int]:
+        seen = [device.use_cpu_threads(2)]
+        for busy in (1.0, 0.4, 1.6, 0.0):
+            others["busy"] = busy
+            seen.append(device.follow_free_cores())
+            assert torch.get_num_threads() == seen[-1]
+        torch.set_num_threads(1)  # the user's own choice is kept from now on
+        others["busy"] = 0.0
+        seen.append(device.follow_free_cores())
+        seen.append(device.use_cpu_threads())
+        return seen
+
+    with ThreadPoolExecutor(1) as pool:  # a thread of its own: torch threads are per thread
+        # busy 1.0 -> one core taken; 0.4 -> less than half a core: both free; 1.6 -> at
+        # least one thread always; then the user's 1 is kept by both calls.
+        assert pool.submit(in_a_thread).result() == [2, 1, 2, 1, 2, 1, 1]
+    monkeypatch.setenv(cpu.ADAPT_ENV, "0")
+    others["busy"] = 1.0
+    assert cpu.free_cores(2) == 2  # turned off: the whole budget
 
 
 def test_the_cpu_budget_is_the_affinity_mask_capped_by_a_cgroup_quota(

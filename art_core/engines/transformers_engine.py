@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from art_core.device import choose_device, serving_dtype, use_cpu_threads
+from art_core.device import choose_device, follow_free_cores, serving_dtype, use_cpu_threads
 from art_core.engines.base import (
     AdapterInfo,
     AdapterRegistry,
@@ -590,9 +590,12 @@ class TransformersEngine(ServesAdapters):
             return
         state = self._prefill(rows)
         key = batch[0].adapter.name if batch[0].adapter else "base"
+        on_cpu = self.device == "cpu"
         while True:
             if self._lora is not None:
                 self._run_ops()  # e.g. a new adapter, between two steps
+            if on_cpu:
+                follow_free_cores()  # fewer threads while other processes run
             next_ids = self._sample(state.logits, state.rows)
             sampled = next_ids.tolist()
             keep = [

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from art_core.device import autocast_dtype, choose_device, use_cpu_threads
+from art_core.device import autocast_dtype, choose_device, follow_free_cores, use_cpu_threads
 from art_core.model_folder import ModelFolder
 from art_core.training.batch import (
     PreparedBatch,
@@ -434,6 +434,8 @@ class Trainer:
                 for update, micro_batches in enumerate(plan):
                     optimizer.zero_grad(set_to_none=True)
                     for position, batch in enumerate(micro_batches):
+                        if self.device.type == "cpu":
+                            follow_free_cores()  # fewer threads while other processes run
                         old = old_logprobs.get((update, position))
                         out = self._micro_batch_loss(batch, config, old)
                         out.loss.backward()
