@@ -9,6 +9,7 @@ What it gives:
 - ``ART_CORE_MODELS_DIR`` defaults to one folder under the system's temporary directory, so the
   embedded models are built once per machine, not once per test (CI sets its own);
   ``TOKENIZERS_PARALLELISM`` defaults to ``false`` (no fork warnings from tokenizers);
+  ``ART_CORE_FOLLOW_FREE_CORES`` to ``0`` (a fixed torch thread count: reproducible sums);
 - the ``slow`` marker (end-to-end tests, still run in CI: deselect with ``-m "not slow"``);
 - session fixtures ``art_path`` (a temporary ``.art`` folder), ``backend`` (a
   ``LocalBackend`` there) and ``tiny_model`` (``tiny-random`` registered on it);
@@ -47,6 +48,10 @@ os.environ.setdefault(
     "ART_CORE_MODELS_DIR", str(Path(tempfile.gettempdir()) / "art-core-test-models")
 )
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests compare numbers bit for bit (resume vs uninterrupted, a batch vs a request alone): a
+# thread count that follows other processes (the servers and ranks tests start) would change
+# the order of float sums between runs. Fixed threads unless a test asks otherwise.
+os.environ.setdefault("ART_CORE_FOLLOW_FREE_CORES", "0")
 # The checks' asserts explain their failures like a test's own asserts do.
 pytest.register_assert_rewrite("art_core.testing.checks")
 
