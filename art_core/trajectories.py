@@ -71,6 +71,8 @@ class LLMCall(BaseModel):
     choice_index: int = 0
     model: str
     adapter_step: int = 0
+    # The replica that served it, when the model is served by several (``replicas=N``).
+    replica: int | None = None
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     request_params: dict[str, Any] = Field(default_factory=dict)

@@ -86,8 +86,20 @@ class LocalBackend(BackendBase):
         max_batch_size: int = 32,
         default_max_tokens: int = 1024,
         training_world: TrainingWorld | None = None,
+        replicas: int = 1,
+        threads_per_replica: int | None = None,
+        replica_devices: list[str] | None = None,
+        ray_address: str | None = None,
     ) -> None:
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
         self.path = Path(path)
+        # Several engine replicas per model (engine workers behind the gateway's router), or
+        # one engine worker placed by Ray (``ray_address``: "auto" or a cluster's address).
+        self.replicas = replicas
+        self.threads_per_replica = threads_per_replica
+        self.replica_devices = replica_devices
+        self.ray_address = ray_address
         self.training_world = training_world
         self.engine_name = choose_engine(engine)
         self.device = device
@@ -227,6 +239,8 @@ class LocalBackend(BackendBase):
         chat: ChatTokenizer,
         torch_thread: ThreadPoolExecutor,
     ) -> Engine:
+        if self.replicas > 1 or self.ray_address is not None:
+            return self._replica_router(base_path, folder, chat)
         if self.engine_name == "vllm":
             from art_core.engines.vllm_engine import VLLMEngine
 
@@ -243,6 +257,32 @@ class LocalBackend(BackendBase):
             worker=torch_thread,
             chat=chat,
         )
+
+    def _replica_router(self, base_path: Path, folder: ModelFolder, chat: ChatTokenizer) -> Engine:
+        """``replicas`` engine workers (processes here, or Ray actors) behind one router."""
+        from art_core.engines.replicas import build_replicas, plan_replicas
+        from art_core.engines.router import ReplicaRouter
+
+        if self.engine_name == "vllm":
+            raise ValueError(
+                "replicas > 1 run the transformers engine in worker processes; for vLLM, "
+                "use its own data parallelism (engine='vllm' with one replica)"
+            )
+        specs = plan_replicas(
+            self.replicas,
+            threads_per_replica=self.threads_per_replica,
+            devices=self.replica_devices or ([self.device] if self.device else None),
+        )
+        engines = build_replicas(
+            specs,
+            base_path,
+            log_dir=folder.logs,
+            chat=chat,
+            dtype=self.dtype,
+            max_batch_size=self.max_batch_size,
+            ray_address=self.ray_address,
+        )
+        return ReplicaRouter(engines)
 
     def _bind(self, model: TrainableModel) -> None:
         model.inference_base_url = self.base_url
@@ -323,9 +363,23 @@ class LocalBackend(BackendBase):
                     await self._serve_result(engine, result)
                 finally:
                     await self.server.call(engine.resume())
+        await self._log_serving(entry, result)
         tracing.train_step_finished(model, groups, config, result, started)
         metric_hooks.train_step_finished(model, result.metrics, result.step)
         return result
+
+    async def _log_serving(self, entry: _Registered, result: TrainResult) -> None:
+        """Per-replica serving metrics (in flight, tokens/s, restarts) of a replicated model:
+        into the step's result and a ``serving`` record of ``history.jsonl``."""
+        from art_core.engines.router import ReplicaRouter
+
+        engine = entry.served.engine
+        if not isinstance(engine, ReplicaRouter):
+            return
+        serving = engine.metrics()
+        result.metrics.update(serving)
+        record = {"step": result.step, "split": "serving", "time": time.time(), **serving}
+        await asyncio.to_thread(entry.folder.append_history, record)
 
     async def _serve_result(self, engine: Engine, result: TrainResult) -> None:
         """Load the adapter a step produced (nothing to do when it trained nothing)."""

@@ -38,6 +38,9 @@ class GenerationRequest:
     params: SamplingParams
     adapter: str | None = None  # adapter name to serve with; None = the engine's current one
     on_tokens: TokenCallback | None = None
+    # Calls with one key are served by one replica (the gateway passes the rollout id), so a
+    # rollout's prefix stays in that replica's cache; None: any replica (least loaded).
+    route_key: str | None = None
 
 
 @dataclass
@@ -51,6 +54,8 @@ class GenerationResult:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     # The stop string that ended generation, if any (its text is cut from the answer).
     stop_string: str | None = None
+    # Which replica served it, when a ``ReplicaRouter`` spread the model over several.
+    replica: int | None = None
 
 
 @dataclass
@@ -120,6 +125,11 @@ class AdapterRegistry:
 
 class EngineError(Exception):
     """A request the engine cannot serve (bad grammar, prompt too long); maps to HTTP 400."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine (or the replica a call was sent to) died or stopped answering while it
+    served the call; maps to HTTP 503. Nothing of the call is recorded: a retry is safe."""
 
 
 # A seed is a signed 64-bit integer (vLLM's range); the transformers engine seeds choice i

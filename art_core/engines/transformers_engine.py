@@ -272,6 +272,20 @@ class TransformersEngine(ServesAdapters):
         """
         await self._run_op(lambda: self._load_adapter(Path(path), step, name or f"step-{step}"))
 
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving adapter ``name`` and free it (after the running batch, whose rows may
+        use it); a name not loaded is ignored."""
+
+        def unload() -> None:
+            if name not in self._adapters:
+                return
+            if self._decoding:
+                raise _AfterBatch
+            self._adapters.remove(name)
+            self._unload(name)
+
+        await self._run_op(unload)
+
     async def _run_op(self, op: Callable[[], Any]) -> Any:
         """Run ``op`` on the torch thread as soon as the model may change (see ``_ops``)."""
         if self._wake is None:

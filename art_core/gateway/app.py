@@ -24,7 +24,7 @@ from starlette.routing import Route
 from art_core.engines.base import Engine, EngineError
 from art_core.engines.tokenizer import ChatTokenizer
 from art_core.gateway.body import DEFAULT_MAX_BODY_BYTES, read_body
-from art_core.gateway.errors import APIError, internal_error, scrub_paths
+from art_core.gateway.errors import APIError, engine_error, internal_error
 from art_core.gateway.prompts import PromptBuilder
 from art_core.gateway.recording import sample_and_record
 from art_core.gateway.requests import DEFAULT_MAX_METADATA_BYTES, prepare_call, read_request
@@ -206,7 +206,7 @@ class Gateway:
         try:
             calls = await asyncio.shield(task)
         except EngineError as exc:
-            raise APIError(400, scrub_paths(str(exc))) from None
+            raise engine_error(exc) from None
         response = completion_response(shaper.completion(calls))
         if clock and self.stage_log is not None:
             clock.mark("respond")

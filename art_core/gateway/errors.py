@@ -14,6 +14,8 @@ from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import Send
 
+from art_core.engines.base import EngineError, EngineUnavailable
+
 
 def error_body(
     message: str, *, type: str, param: str | None = None, code: str | None = None
@@ -59,6 +61,20 @@ def internal_error(exc: BaseException) -> APIError:
         else f"internal error ({kind}); the server's log has the details",
         type="server_error",
     )
+
+
+def engine_error(exc: EngineError) -> APIError:
+    """The answer to a call the engine refused (400) or could not finish because the engine,
+    or the replica serving it, died or stopped answering (503: nothing was recorded, a retry
+    is safe).
+
+    Example:
+        >>> engine_error(EngineUnavailable("replica 1 stopped answering")).status
+        503
+    """
+    if isinstance(exc, EngineUnavailable):
+        return APIError(503, scrub_paths(str(exc)), type="server_error", code="engine_unavailable")
+    return APIError(400, scrub_paths(str(exc)))
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -26,7 +26,13 @@ async def sample_and_record(
     """
     started = time.time()
     results = await call.served.engine.generate(
-        GenerationRequest(call.prompt_ids, call.params, adapter=call.adapter, on_tokens=on_tokens)
+        GenerationRequest(
+            call.prompt_ids,
+            call.params,
+            adapter=call.adapter,
+            on_tokens=on_tokens,
+            route_key=call.rollout_id,
+        )
     )
     latency = time.time() - started
     if call.clock:
@@ -61,6 +67,7 @@ def to_llm_call(
         choice_index=result.choice_index,
         model=call.chat.model,
         adapter_step=result.adapter_step,
+        replica=result.replica,
         messages=call.messages,
         tools=call.tools,
         request_params=call.request_params,

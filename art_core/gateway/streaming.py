@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from art_core.engines.base import EngineError
-from art_core.gateway.errors import internal_error, scrub_paths
+from art_core.gateway.errors import engine_error, internal_error
 from art_core.gateway.recording import sample_and_record
 from art_core.gateway.requests import PreparedCall
 from art_core.gateway.responses import SSE_DONE, ResponseShaper, sse, usage
@@ -86,7 +86,8 @@ async def stream_completion(call: PreparedCall) -> AsyncIterator[str]:
         calls = task.result()
     except Exception as exc:
         if isinstance(exc, EngineError):
-            status, kind, reason = 400, "invalid_request_error", scrub_paths(str(exc))
+            refused = engine_error(exc)
+            status, kind, reason = refused.status, refused.type, refused.message
         else:
             logger.error("a streamed call failed", exc_info=exc)
             status, kind, reason = 500, "server_error", internal_error(exc).message

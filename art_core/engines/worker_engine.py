@@ -1,0 +1,260 @@
+"""``WorkerEngine``: an engine worker process (``engines/worker.py``), started, watched and
+restarted from the gateway's side, reached over the token-id completion protocol.
+
+While the worker runs, calls go to it over HTTP (``HTTPEngine``). When it dies (or stops
+answering its health check for ``unresponsive_after_s``), the calls it had fail with
+``EngineUnavailable`` (503, nothing recorded), ``available`` turns false so a router sends
+new calls elsewhere, and the process is started again with every adapter it served, in
+order; then it is available again. Adapters loaded while it is down are loaded when it
+comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from art_core.engines.base import (
+    AdapterInfo,
+    EngineError,
+    EngineUnavailable,
+    GenerationRequest,
+    GenerationResult,
+)
+from art_core.engines.http_engine import HTTPEngine
+from art_core.engines.process import ServerProcess, free_port
+from art_core.engines.tokenizer import ChatTokenizer, load_chat_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerClient(HTTPEngine):
+    """What the gateway's side of any engine worker does, however the worker is run (a
+    child process, a Ray actor): calls only while it is ready, adapters remembered while it
+    is down and loaded again, in order, when it is back; the exact top-logprob count."""
+
+    def __init__(self, *, max_loras: int, name: str) -> None:
+        super().__init__(max_loras=max_loras, name=name)
+        self._ready = asyncio.Event()
+        self.restarts = 0
+
+    @property
+    def available(self) -> bool:
+        """Whether calls may be sent here now."""
+        return self._ready.is_set()
+
+    def _load_body(self, name: str, path: Path, step: int) -> dict[str, Any]:
+        return {"lora_name": name, "lora_path": str(path), "step": step}
+
+    async def _reload_adapters(self) -> None:
+        """Load every remembered adapter on a worker that came back, in order (the newest
+        stays the default)."""
+        for info in self._adapters.all():
+            path = Path(str(info.path))
+            await self._post("/v1/load_lora_adapter", self._load_body(info.name, path, info.step))
+
+    async def load_adapter(self, path: Path, step: int, *, name: str | None = None) -> None:
+        """Load the adapter on the worker and serve it by default; while the worker is down
+        it is only remembered, and loaded when the worker is back (before any call)."""
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise EngineError(f"{path} is not a PEFT adapter folder (no adapter_config.json)")
+        if self.available:
+            try:
+                await super().load_adapter(path, step, name=name)
+                return
+            except EngineUnavailable:
+                pass  # died meanwhile: remembered below, loaded by the restart
+        info = AdapterInfo(name=name or f"step-{step}", step=step, path=Path(path))
+        for evicted in self._adapters.add(info):
+            logger.debug("%s forgets adapter %s", self.name, evicted.name)
+
+    def _body(self, request: GenerationRequest, adapter: AdapterInfo | None) -> dict[str, Any]:
+        return {**super()._body(request, adapter), "top_logprobs": request.params.top_logprobs}
+
+    async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
+        if not self._ready.is_set():
+            raise EngineUnavailable(f"the {self.name} is restarting")
+        return await super().generate(request)
+
+
+class WorkerEngine(WorkerClient):
+    """The transformers engine in its own process, pinned to ``cpus`` / ``threads`` or to a
+    ``device``.
+
+    Example:
+        >>> engine = WorkerEngine(Path(".art/base_models/tiny-random"), log_dir=Path("logs"),
+        ...                       cpus=[0], threads=1)
+        >>> await engine.start()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        log_dir: Path,
+        index: int = 0,
+        device: str | None = None,
+        dtype: str | None = None,
+        threads: int | None = None,
+        cpus: list[int] | None = None,
+        max_batch_size: int = 32,
+        max_loras: int = 4,
+        chat: ChatTokenizer | None = None,
+        startup_timeout_s: float = 300.0,
+        unresponsive_after_s: float = 60.0,
+        health_interval_s: float = 1.0,
+    ) -> None:
+        super().__init__(max_loras=max_loras, name=f"engine worker {index}")
+        self.model_path = Path(model_path)
+        self.log_dir = Path(log_dir)
+        self.index = index
+        self.device = device
+        self.dtype = dtype
+        self.threads = threads
+        self.cpus = list(cpus) if cpus else None
+        self.max_batch_size = max_batch_size
+        self.startup_timeout_s = startup_timeout_s
+        self.unresponsive_after_s = unresponsive_after_s
+        self.health_interval_s = health_interval_s
+        self._chat = chat
+        self._server: ServerProcess | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._closing = False
+        self.started_at = 0.0
+
+    # ----------------------------------------------------------------------------- lifecycle
+    @property
+    def available(self) -> bool:
+        """Whether calls may be sent here now (the process runs and answered its health)."""
+        return self._ready.is_set() and self._server is not None and self._server.alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._server.pid if self._server is not None else None
+
+    def _command(self, port: int) -> list[str]:
+        command = [
+            sys.executable,
+            "-m",
+            "art_core.engines.worker",
+            "--model",
+            str(self.model_path),
+            "--port",
+            str(port),
+            "--max-batch-size",
+            str(self.max_batch_size),
+            # Never evicts on its own: this side decides what stays loaded (and unloads).
+            "--max-loras",
+            str(self.max_loras + 1),
+        ]
+        for flag, value in (("--device", self.device), ("--dtype", self.dtype)):
+            if value:
+                command += [flag, value]
+        if self.threads:
+            command += ["--threads", str(self.threads)]
+        if self.cpus:
+            command += ["--cpus", ",".join(str(c) for c in self.cpus)]
+        return command
+
+    async def start(self) -> None:
+        chat = self._chat
+        if chat is None:
+            chat = await asyncio.to_thread(load_chat_tokenizer, self.model_path)
+        self.tokenizer = chat.tokenizer
+        self._eos_ids = chat.eos_token_ids
+        self.context_length = chat.context_length
+        self.vocab_size = None  # the worker checks ids against its model's vocabulary
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self._server = ServerProcess(
+            self._command(port),
+            self.log_dir / f"engine-worker-{self.index}.log",
+            url=self.url,
+            label=self.name,
+        )
+        await self._launch()
+        await self.connect()
+        self._watcher = asyncio.create_task(self._watch(), name=f"art-{self.name}-watch")
+
+    async def _launch(self) -> None:
+        assert self._server is not None
+        await self._server.start()
+        await self._server.wait_ready("/health", within_s=self.startup_timeout_s)
+        self.started_at = time.monotonic()
+        self._ready.set()
+        logger.info("%s serving at %s (pid %s)", self.name, self.url, self._server.pid)
+
+    async def close(self) -> None:
+        self._closing = True
+        self._ready.clear()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        await self.disconnect()
+        if self._server is not None:
+            await self._server.stop()
+
+    def kill(self) -> None:
+        """SIGKILL the worker now (a crash; it is restarted like one)."""
+        if self._server is not None:
+            self._server.kill()
+
+    # ----------------------------------------------------------------------------- watching
+    async def _watch(self) -> None:
+        """Restart the worker when it exits or stops answering its health check."""
+        assert self._server is not None
+        last_answer = time.monotonic()
+        async with httpx.AsyncClient(base_url=self.url) as probe:
+            while not self._closing:
+                await asyncio.sleep(self.health_interval_s)
+                if self._server.alive():
+                    try:
+                        response = await probe.get("/health", timeout=self.health_interval_s * 5)
+                        if response.status_code == 200:
+                            last_answer = time.monotonic()
+                            continue
+                    except httpx.HTTPError:
+                        pass
+                    if time.monotonic() - last_answer < self.unresponsive_after_s:
+                        continue
+                    logger.warning("%s stopped answering; restarting it", self.name)
+                    self._server.kill()
+                else:
+                    logger.warning(
+                        "%s exited (code %s); restarting it", self.name, self._exit_code()
+                    )
+                await self._restart()
+                last_answer = time.monotonic()
+
+    def _exit_code(self) -> Any:
+        process = self._server.process if self._server is not None else None
+        return process.returncode if process is not None else None
+
+    async def _restart(self) -> None:
+        self._ready.clear()
+        assert self._server is not None
+        await self._server.stop(grace_s=5)
+        self.restarts += 1
+        while not self._closing:
+            try:
+                await self._server.start()
+                await self._server.wait_ready("/health", within_s=self.startup_timeout_s)
+                await self._reload_adapters()
+            except EngineError as exc:
+                logger.warning("%s could not restart: %s; trying again", self.name, exc)
+                await self._server.stop(grace_s=5)
+                await asyncio.sleep(1.0)
+                continue
+            self.started_at = time.monotonic()
+            self._ready.set()
+            logger.info("%s restarted (pid %s)", self.name, self._server.pid)
+            return
