@@ -212,3 +212,21 @@ def test_plan_replicas_gives_each_replica_its_own_cores() -> None:
         assert set(cpus[0]).isdisjoint(cpus[1])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="replicas must be >= 1"):
         plan_replicas(0)
+
+
+async def test_art_core_serve_replicas_serves_a_remote_rollout_on_both_replicas(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    from remote_support import ServerProcess
+
+    path = tmp_path_factory.mktemp("serve-replicas") / "art"
+    server = ServerProcess(path, args=["--replicas", "2", "--threads-per-replica", "1"]).start()
+    try:
+        model = art.TrainableModel(
+            name="remote-replicas", project="tests", base_model="tiny-random"
+        )
+        await model.register(server.backend())
+        results = await asyncio.gather(*(one_call(model, f"remote {i}") for i in range(8)))
+        assert {t.calls[0].replica for t, _ in results} == {0, 1}
+    finally:
+        assert server.stop() == 0

@@ -239,7 +239,7 @@ class LocalBackend(BackendBase):
         chat: ChatTokenizer,
         torch_thread: ThreadPoolExecutor,
     ) -> Engine:
-        if self.replicas > 1 or self.ray_address is not None:
+        if self.uses_engine_workers:
             return self._replica_router(base_path, folder, chat)
         if self.engine_name == "vllm":
             from art_core.engines.vllm_engine import VLLMEngine
@@ -256,6 +256,18 @@ class LocalBackend(BackendBase):
             max_batch_size=self.max_batch_size,
             worker=torch_thread,
             chat=chat,
+        )
+
+    @property
+    def uses_engine_workers(self) -> bool:
+        """Whether models are served by engine workers behind a router: several replicas, a
+        Ray cluster, or a replica's threads or devices given (else the engine runs in this
+        process, the default for one replica)."""
+        return (
+            self.replicas > 1
+            or self.ray_address is not None
+            or self.threads_per_replica is not None
+            or self.replica_devices is not None
         )
 
     def _replica_router(self, base_path: Path, folder: ModelFolder, chat: ChatTokenizer) -> Engine:

@@ -198,6 +198,11 @@ class RayWorkerEngine(WorkerClient):
         if self.actor_pid is not None and pid != self.actor_pid:
             self.restarts += 1
         self.actor_pid = pid
+        import ray
+
+        # On this machine's own node: loopback (the server listens on every interface).
+        if host == ray.util.get_node_ip_address():
+            host = "127.0.0.1"
         self.url = f"http://{host}:{port}"
         await self.disconnect()
         await self.connect()

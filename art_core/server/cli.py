@@ -44,6 +44,10 @@ async def serve(settings: ServeSettings, stop: asyncio.Event | None = None) -> i
         dtype=settings.dtype,
         max_batch_size=settings.max_batch_size,
         default_max_tokens=settings.default_max_tokens,
+        replicas=settings.replicas,
+        threads_per_replica=settings.threads_per_replica,
+        replica_devices=settings.replica_devices,
+        ray_address=settings.ray_address,
     )
     service = Service(backend, settings)
     backend.server.app = build_app(service)
@@ -101,6 +105,10 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         dtype=args.dtype,
         max_batch_size=args.max_batch_size,
         default_max_tokens=args.default_max_tokens,
+        replicas=args.replicas,
+        threads_per_replica=args.threads_per_replica,
+        replica_devices=args.replica_device or None,
+        ray_address=args.ray,
     )
 
 
@@ -164,6 +172,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--max-batch-size", type=_positive(int), default=32)
     parser.add_argument("--default-max-tokens", type=_positive(int), default=1024)
+    parser.add_argument(
+        "--replicas",
+        type=_positive(int),
+        default=1,
+        help="engine replicas per model: engine worker processes behind the gateway, each "
+        "rollout's calls on one of them (1: the engine runs in this process)",
+    )
+    parser.add_argument(
+        "--threads-per-replica",
+        type=_positive(int),
+        default=None,
+        help="CPU threads of each replica (default: the cores split evenly)",
+    )
+    parser.add_argument(
+        "--replica-device",
+        action="append",
+        help="a device for the replicas, in turn (repeat: --replica-device cuda:0 ...)",
+    )
+    parser.add_argument(
+        "--ray",
+        default=None,
+        metavar="auto|ADDRESS",
+        help="run the replicas as Ray actors on this cluster (auto: the running one, or a "
+        "new local one); needs art-core[ray]",
+    )
     parser.set_defaults(func=_run)
 
 

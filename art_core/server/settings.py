@@ -68,6 +68,12 @@ class ServeSettings:
     device: str | None = None
     dtype: str | None = None
     max_batch_size: int = 32
+    # Engine replicas per model (engine workers behind the gateway's router; 1: in-process),
+    # their CPU threads each, their devices, and a Ray cluster to place them on.
+    replicas: int = 1
+    threads_per_replica: int | None = None
+    replica_devices: list[str] | None = None
+    ray_address: str | None = None
     default_max_tokens: int = 1024
     token_generated: bool = False
 

@@ -127,6 +127,8 @@ def _llm_node(
         "art.latency_s": max(c.latency_s for c in request),
         **genai.request_attributes(first.request_params),
     }
+    if first.replica is not None:  # served by one of several replicas
+        attributes["art.replica"] = first.replica
     framework = {k: v for k, v in first.metadata.items() if k != "top_logprobs"}
     attributes.update(genai.flatten("art.call.metadata", framework))
     choices = [

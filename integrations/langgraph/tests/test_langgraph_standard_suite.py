@@ -53,8 +53,9 @@ TINY_PNG = base64.b64encode(
 ).decode()
 
 
-def needs_capable_model(why: str) -> Callable[[Any], Any]:
-    """The suite's test, unchanged, marked as one only a capable model passes."""
+def needs_capable_model(why: str, *, strict: bool = True) -> Callable[[Any], Any]:
+    """The suite's test, unchanged, marked as one only a capable model passes (``strict``:
+    the stand-in always fails it; not strict: it passes or fails by the stand-in's luck)."""
 
     def mark(test: Any) -> Any:
         if inspect.iscoroutinefunction(test):
@@ -68,7 +69,7 @@ def needs_capable_model(why: str) -> Callable[[Any], Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 return test(*args, **kwargs)
 
-        xfail = pytest.mark.xfail(reason=f"{NEEDS_CAPABLE_MODEL}: {why}", strict=True)
+        xfail = pytest.mark.xfail(reason=f"{NEEDS_CAPABLE_MODEL}: {why}", strict=strict)
         wrapper.pytestmark = [*getattr(test, "pytestmark", []), xfail]  # type: ignore[attr-defined]
         return wrapper
 
@@ -246,6 +247,12 @@ class TestIntegration(ChatModelIntegrationTests):
     test_json_mode = needs_capable_model("the JSON object must have the keys the prompt asks for")(
         ChatModelIntegrationTests.test_json_mode
     )
+    # Seen failing 1 run in ~10 on a fresh clone: the forced call's arguments follow the
+    # schema's shape, but the value of answer_style is whatever the stand-in writes (empty in
+    # some batches), so it passes or fails by luck: not strict.
+    test_bind_runnables_as_tools = needs_capable_model(
+        "the argument answer_style must say a style (a pirate's)", strict=False
+    )(ChatModelIntegrationTests.test_bind_runnables_as_tools)
     test_structured_output_pydantic_2_v1 = needs_capable_model(
         "a pydantic.v1 schema allows extra keys (no strict json_schema): only the keys asked"
     )(ChatModelIntegrationTests.test_structured_output_pydantic_2_v1)

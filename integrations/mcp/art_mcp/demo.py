@@ -140,6 +140,15 @@ async def run_demo(args: argparse.Namespace) -> int:
         report = await train_from_args(args, server, train_set, val, errlog=errlog)
     wall = time.perf_counter() - started
     before, after = report.before.mean_reward, report.after.mean_reward
+    if report.after.step == report.before.step:
+        # Every step's groups had equal rewards: no checkpoint, the same model evaluated twice.
+        print(
+            f"\nNo step trained anything (every group's rewards were equal; see 'when nothing "
+            f"is learned' in the README): validation reward {before:.3f} -> {after:.3f} is "
+            f"sampling noise (step {report.before.step}), total wall time {wall / 60:.1f} min.",
+            file=sys.stdout,
+        )
+        return 1
     verdict = "higher" if after > before else "NOT higher"
     print(
         f"\nThe trained model's mean validation reward is {verdict}: {before:.3f} -> {after:.3f} "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,13 +101,17 @@ def test_demo_runs_end_to_end_on_tiny_random(tmp_path: Path) -> None:
     assert result.returncode in (0, 1), result.stderr[-3000:]
     assert "art-mcp demo: 32 training / 8 validation tasks" in result.stdout
     assert "validation, before vs after" in result.stdout
-    assert "after (step 1)" in result.stdout
-    assert "The trained model's mean validation reward is" in result.stdout
-    assert (
-        next(iter((tmp_path / "mcp-demo" / "models").iterdir()))
-        .joinpath("checkpoints", "0001")
-        .is_dir()
-    )
+    # Sampling is not seeded: the step's groups may all come back with equal rewards, and
+    # then nothing is trained and no checkpoint written (and the demo says so).
+    after = re.search(r"after \(step ([01])\)", result.stdout)
+    assert after is not None, result.stdout
+    checkpoint = next(iter((tmp_path / "mcp-demo" / "models").iterdir())) / "checkpoints" / "0001"
+    if after.group(1) == "1":
+        assert checkpoint.is_dir()
+        assert "The trained model's mean validation reward is" in result.stdout
+    else:
+        assert not checkpoint.exists()
+        assert "No step trained anything" in result.stdout
 
 
 @pytest.mark.slow
