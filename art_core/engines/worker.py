@@ -39,9 +39,9 @@ from art_core.engines.base import (
     GenerationResult,
     SamplingParams,
 )
+from art_core.engines.http_engine import BASE_NAME
 
 logger = logging.getLogger(__name__)
-BASE_NAME = "base"
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
