@@ -141,8 +141,6 @@ class RayWorkerEngine(WorkerClient):
         self.context_length = chat.context_length
         self.actor: Any = None
         self.actor_pid: int | None = None
-        self._watcher: asyncio.Task[None] | None = None
-        self._closing = False
 
     def _new_actor(self, group: Any) -> Any:
         import ray
@@ -248,13 +246,7 @@ class RayWorkerEngine(WorkerClient):
         ray.kill(self.actor, no_restart=False)
 
     async def close(self) -> None:
-        self._closing = True
-        self._ready.clear()
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-        await self.disconnect()
+        await self._stop_watching()
         if self.actor is not None:
             import ray
 

@@ -43,7 +43,20 @@ class WorkerClient(HTTPEngine):
     def __init__(self, *, max_loras: int, name: str) -> None:
         super().__init__(max_loras=max_loras, name=name)
         self._ready = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
+        self._closing = False
         self.restarts = 0
+
+    async def _stop_watching(self) -> None:
+        """Closing: no more calls, no more restarts, the HTTP client closed."""
+        self._closing = True
+        self._ready.clear()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        await self.disconnect()
 
     @property
     def available(self) -> bool:
@@ -125,8 +138,6 @@ class WorkerEngine(WorkerClient):
         self.health_interval_s = health_interval_s
         self._chat = chat
         self._server: ServerProcess | None = None
-        self._watcher: asyncio.Task[None] | None = None
-        self._closing = False
         self.started_at = 0.0
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -192,14 +203,7 @@ class WorkerEngine(WorkerClient):
         logger.info("%s serving at %s (pid %s)", self.name, self.url, self._server.pid)
 
     async def close(self) -> None:
-        self._closing = True
-        self._ready.clear()
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-            self._watcher = None
-        await self.disconnect()
+        await self._stop_watching()
         if self._server is not None:
             await self._server.stop()
 
