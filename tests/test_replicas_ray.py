@@ -59,11 +59,11 @@ async def test_ray_replicas_route_sticky_and_come_back_after_a_kill(
         assert isinstance(victim, RayWorkerEngine)
         pid = victim.actor_pid
         victim.kill()  # Ray restarts the actor
-        await wait_for(lambda: not victim.available, 60, "the dead actor is noticed")
-        # Calls go on on the live replica meanwhile.
-        during = await asyncio.gather(*(three_turn_rollout(model, i) for i in range(4)))
-        assert {t.calls[0].replica for t, _ in during} == {0}
-        await wait_for(lambda: victim.available, 180, "Ray restarted the actor")
+        # Ray may restart it before the 5 s the health check waits to call it dead: wait for
+        # the restart to be seen (new pid, adapters reloaded), not for the outage.
+        await wait_for(
+            lambda: victim.restarts == 1 and victim.available, 180, "Ray restarted the actor"
+        )
         assert victim.actor_pid != pid and victim.restarts == 1
         after = await asyncio.gather(*(three_turn_rollout(model, i) for i in range(8)))
         assert_rollouts_isolated_and_exact(after, router.tokenizer)
