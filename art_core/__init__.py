@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # imported lazily below; these lines give type checkers the r
     from art_core.rewards import DEFAULT_RUBRIC, ruler, ruler_score_group
     from art_core.sft import best_trajectories, load_chat_jsonl
     from art_core.sft.teacher import TeacherProxy, teacher_trajectories
+    from art_core.training.cancel import TrainingCancelled
     from art_core.training.config import SFTConfig, TrainConfig, TrainResult
     from art_core.training.distributed.world import TrainingWorld
 
@@ -73,6 +74,7 @@ __all__ = [
     "TrainResult",
     "TrainSFTConfig",
     "TrainableModel",
+    "TrainingCancelled",
     "TrainingWorld",
     "Trajectory",
     "TrajectoryGroup",
@@ -98,6 +100,10 @@ def __getattr__(name: str) -> object:
         from art_core.training import config
 
         return getattr(config, name)
+    if name == "TrainingCancelled":
+        from art_core.training.cancel import TrainingCancelled
+
+        return TrainingCancelled
     if name == "TrainingWorld":
         from art_core.training.distributed import world
 

@@ -76,23 +76,31 @@ def make_task(args: argparse.Namespace) -> tuple[Any, list[Any], list[Any]]:
     import reasoning_gym
 
     size = args.train_scenarios + args.val_scenarios
+    # A procedural generator repeats itself (2-3 terms of <= 3 digits): draw twice as many
+    # and keep the first of each question, so no scenario is in both splits or counted twice.
     dataset = reasoning_gym.create_dataset(
         args.dataset,
-        size=size,
+        size=2 * size,
         seed=args.seed,
         min_terms=args.min_terms,
         max_terms=args.max_terms,
         max_digits=args.max_digits,
         operators=tuple(args.operators),
     )
-    scenarios = [
-        art_mcp.Scenario(
-            task=entry["question"],
-            answer=str(entry["answer"]),
-            metadata={"index": index, "expression": entry["metadata"].get("expression")},
+    scenarios, seen = [], set()
+    for index, entry in enumerate(dataset):
+        if entry["question"] in seen or len(scenarios) == size:
+            continue
+        seen.add(entry["question"])
+        scenarios.append(
+            art_mcp.Scenario(
+                task=entry["question"],
+                answer=str(entry["answer"]),
+                metadata={"index": index, "expression": entry["metadata"].get("expression")},
+            )
         )
-        for index, entry in enumerate(dataset)
-    ]
+    if len(scenarios) < size:
+        raise SystemExit(f"the generator gave only {len(scenarios)} distinct questions of {size}")
     return dataset, scenarios[args.val_scenarios :], scenarios[: args.val_scenarios]
 
 

@@ -185,3 +185,111 @@ async def test_rollout_storm_gets_429_with_retry_after_never_a_crash(server: Ser
     assert len(groups[0].trajectories) == 64 and not groups[0].exceptions
     assert all(len(t.calls) == 1 for t in groups[0])
     await backend.close()
+
+
+def job_statuses(art_path: Path) -> list[str]:
+    folder = art_path / ".server" / "jobs"
+    return [json.loads(p.read_text())["status"] for p in folder.glob("*.json")]
+
+
+async def test_cancelling_the_train_call_cancels_the_step_on_the_server(
+    server: ServerProcess,
+) -> None:
+    mid_step = asyncio.Event()
+
+    def on_progress(record: dict[str, Any]) -> None:
+        if record["event"] == "micro_batch" and record["step"] == 2:
+            mid_step.set()
+
+    backend = server.backend(on_progress=on_progress)
+    model = art.TrainableModel(name="cancelled", project="faults", base_model="tiny-random")
+    await model.register(backend)
+    folder = server.path / "faults" / "models" / "cancelled"
+    await model.train(await groups_of(model, size=4), config=TrainConfig(learning_rate=1e-3))
+    before = (folder / "checkpoints" / "0001" / "adapter_model.safetensors").read_bytes()
+
+    groups = await groups_of(model, size=4)
+    training = asyncio.create_task(model.train(groups, config=LONG_STEP))
+    await asyncio.wait_for(mid_step.wait(), 60)
+    training.cancel()  # the client tells the server to stop the step (DELETE /api/jobs/{id})
+    with pytest.raises(asyncio.CancelledError):
+        await training
+
+    # The step stops within a micro-batch: a chat call is served right away, by step 1.
+    [[after]] = [g.trajectories for g in await groups_of(model, size=1)]
+    assert after.calls[0].adapter_step == 1
+    assert await model.get_step() == 1 and complete_steps(folder) == [1]
+    assert (folder / "checkpoints" / "0001" / "adapter_model.safetensors").read_bytes() == before
+    assert "cancelled" in job_statuses(server.path)
+    # The next step starts from checkpoint 1 (the half-updated weights were dropped).
+    again = await model.train(groups, config=TrainConfig(learning_rate=1e-3))
+    assert again.step == 2 and complete_steps(folder) == [1, 2]
+    await backend.close()
+
+
+async def test_delete_job_cancels_it_and_answers_with_its_summary(server: ServerProcess) -> None:
+    backend = server.backend()
+    model = art.TrainableModel(name="deleted", project="faults", base_model="tiny-random")
+    await model.register(backend)
+    groups = await groups_of(model, size=4)
+    headers = {"Authorization": f"Bearer {server.token}"}
+    body = {
+        "job_id": "job_to_cancel",
+        "groups": [g.model_dump(mode="json") for g in groups],
+        "config": LONG_STEP.model_dump(mode="json"),
+    }
+    async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=120) as http:
+        path = "/api/models/faults/deleted/train"
+        async with http.stream("POST", path, json=body) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if json.loads(line).get("event") == "micro_batch":
+                    break
+            cancelled = await http.delete("/api/jobs/job_to_cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        summary = cancelled.json()
+        assert summary["status"] == "cancelled" and "still at step 0" in summary["error"]["message"]
+        # The events end with the outcome; a second DELETE changes nothing.
+        events = (await http.get("/api/jobs/job_to_cancel/events")).text.splitlines()
+        assert json.loads(events[-1])["status"] == "cancelled"
+        again = await http.delete("/api/jobs/job_to_cancel")
+        assert again.json()["status"] == "cancelled"
+        assert (await http.delete("/api/jobs/no_such_job")).status_code == 404
+        bad = await http.delete("/api/jobs/job_to_cancel", params={"wait": "nan"})
+        assert bad.status_code == 422
+        non_ascii = await http.get("/api/jobs/job_to_cancel/events", params={"after": "²"})
+        assert non_ascii.status_code == 422
+    assert await model.get_step() == 0
+    await backend.close()
+
+
+def test_graceful_stop_cancels_a_step_that_outlasts_the_drain_timeout(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        server = ServerProcess(tmp_path / "art", args=["--drain-timeout", "1"]).start()
+        try:
+            mid_step = asyncio.Event()
+
+            def on_progress(record: dict[str, Any]) -> None:
+                if record["event"] == "micro_batch":
+                    mid_step.set()
+
+            backend = server.backend(on_progress=on_progress, reconnect_timeout=120)
+            model = art.TrainableModel(name="endless", project="faults", base_model="tiny-random")
+            await model.register(backend)
+            # 10x the step the SIGKILL test interrupts: far longer than the 1 s drain.
+            endless = LONG_STEP.model_copy(update={"num_epochs": 600})
+            training = asyncio.create_task(
+                model.train(await groups_of(model, size=4), config=endless)
+            )
+            await asyncio.wait_for(mid_step.wait(), 60)
+            assert await asyncio.to_thread(server.stop, 60) == 0
+            assert job_statuses(server.path) == ["cancelled"]
+            assert not (server.path / "faults" / "models" / "endless" / "checkpoints").exists()
+            server.start()  # the client reads the outcome, before the stop or after it
+            with pytest.raises(art.TrainingCancelled, match="still at step 0"):
+                await training
+            await backend.close()
+        finally:
+            server.kill()
+
+    asyncio.run(scenario())

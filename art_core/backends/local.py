@@ -11,6 +11,7 @@ import asyncio
 import functools
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from art_core.backends.base import BackendBase, ProgressCallback
+from art_core.backends.s3 import SyncReport, pull_model_folder, push_model_folder
 from art_core.cpu import cpu_budget
 from art_core.embedded import resolve_base_model
 from art_core.engines.base import Engine
@@ -60,6 +62,8 @@ class _Registered:
     # with its own share of the CPU threads; None until first used.
     train_thread: ThreadPoolExecutor | None = None
     train_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The cancel event of the step running now (``cancel_training``); None between steps.
+    cancel: threading.Event | None = None
 
 
 class LocalBackend(BackendBase):
@@ -331,10 +335,16 @@ class LocalBackend(BackendBase):
         *,
         on_progress: ProgressCallback | None = None,
         serve_while_training: bool = False,
+        cancel: threading.Event | None = None,
         **overrides: Any,
     ) -> TrainResult:
         """One training step; ``on_progress`` gets the trainer's per-batch records (in its
         worker thread), e.g. to stream them to a remote client.
+
+        Cancelling: set ``cancel``, call ``cancel_training(model)`` or cancel the task
+        awaiting this call. The step stops within a micro-batch with ``TrainingCancelled``
+        (``art_core.training.cancel``), writes no checkpoint, and the engine serves the
+        previous one again at once.
 
         Lock-step (default): the engine is paused (in-flight requests finish), the step runs
         on the model's torch thread, the new adapter is loaded and serving resumes.
@@ -357,21 +367,19 @@ class LocalBackend(BackendBase):
         ]
         engine = entry.served.engine
         started = time.time()
-        step = functools.partial(self._trainer(entry).train_step, groups, config)
-        loop = asyncio.get_running_loop()
+        cancel = threading.Event() if cancel is None else cancel
+        step = functools.partial(
+            self._trainer(entry).train_step, groups, config, on_progress=on_progress, cancel=cancel
+        )
         async with entry.train_lock:
             if serve_while_training:
                 pool = self._train_thread(entry)
-                result = await loop.run_in_executor(
-                    pool, functools.partial(step, on_progress=on_progress)
-                )
+                result = await self._run_step(entry, pool, step, cancel)
                 await self._serve_result(engine, result)
             else:
                 await self.server.call(engine.pause())
                 try:
-                    result = await loop.run_in_executor(
-                        entry.torch_thread, functools.partial(step, on_progress=on_progress)
-                    )
+                    result = await self._run_step(entry, entry.torch_thread, step, cancel)
                     await self._serve_result(engine, result)
                 finally:
                     await self.server.call(engine.resume())
@@ -379,6 +387,40 @@ class LocalBackend(BackendBase):
         tracing.train_step_finished(model, groups, config, result, started)
         metric_hooks.train_step_finished(model, result.metrics, result.step)
         return result
+
+    @staticmethod
+    async def _run_step(
+        entry: _Registered,
+        pool: ThreadPoolExecutor,
+        step: functools.partial[TrainResult],
+        cancel: threading.Event,
+    ) -> TrainResult:
+        """Run a step in ``pool``; while it runs, ``cancel_training`` can stop it. A caller
+        cancelling the task awaiting it stops the step too, and waits for the thread to let
+        go of the weights (within a micro-batch) before serving resumes."""
+        future = asyncio.get_running_loop().run_in_executor(pool, step)
+        entry.cancel = cancel
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancel.set()
+            await asyncio.gather(future, return_exceptions=True)
+            raise
+        finally:
+            entry.cancel = None
+
+    def cancel_training(self, model: TrainableModel) -> bool:
+        """Stop the step ``model`` is training now (see ``train``); False when none runs.
+
+        Example:
+            >>> backend.cancel_training(model)  # doctest: +SKIP
+            True
+        """
+        cancel = self._entry(model).cancel
+        if cancel is None:
+            return False
+        cancel.set()
+        return True
 
     async def _log_serving(self, entry: _Registered, result: TrainResult) -> None:
         """Per-replica serving metrics (in flight, tokens/s, restarts) of a replicated model:
@@ -446,6 +488,7 @@ class LocalBackend(BackendBase):
         config: SFTConfig | None = None,
         *,
         on_progress: ProgressCallback | None = None,
+        cancel: threading.Event | None = None,
         **overrides: Any,
     ) -> TrainResult:
         """Supervised epochs on demonstrations, as the next checkpoint (``art_core.sft``).
@@ -476,6 +519,7 @@ class LocalBackend(BackendBase):
             "sft/records_rendered": float(renderer.rendered),
         }
         engine = entry.served.engine
+        cancel = threading.Event() if cancel is None else cancel
 
         def step() -> TrainResult:
             if self.training_world is None:
@@ -493,6 +537,7 @@ class LocalBackend(BackendBase):
                     on_progress=on_progress,
                     groups=[group],
                     data_metrics=data_metrics,
+                    cancel=cancel,
                 )
             finally:
                 if trainer is not entry.trainer:
@@ -501,7 +546,9 @@ class LocalBackend(BackendBase):
         async with entry.train_lock:
             await self.server.call(engine.pause())
             try:
-                result = await asyncio.get_running_loop().run_in_executor(entry.torch_thread, step)
+                result = await self._run_step(
+                    entry, entry.torch_thread, functools.partial(step), cancel
+                )
                 assert result.checkpoint_path is not None
                 await self.server.call(
                     engine.load_adapter(Path(result.checkpoint_path), result.step)
@@ -541,6 +588,65 @@ class LocalBackend(BackendBase):
         entry = self._entry(model)
         return await asyncio.to_thread(
             self._trainer(entry).delete_checkpoints, best_checkpoint_metric
+        )
+
+    # ------------------------------------------------------------------------------ S3 backup
+    async def _experimental_push_to_s3(
+        self,
+        model: TrainableModel,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+        delete: bool = False,
+        *,
+        profile: str | None = None,
+    ) -> SyncReport:
+        """Upload ``model``'s folder to ``s3://{s3_bucket or $BACKUP_BUCKET}/{prefix/}
+        {project}/models/{name}/`` (ART's layout and name; see ``art_core.backends.s3``).
+
+        Example:
+            >>> await backend._experimental_push_to_s3(model)  # doctest: +SKIP
+        """
+        return await push_model_folder(
+            self.model_folder(model),
+            bucket=s3_bucket,
+            prefix=prefix,
+            profile=profile,
+            delete=delete,
+            verbose=verbose,
+        )
+
+    async def _experimental_pull_from_s3(
+        self,
+        model: TrainableModel,
+        step: int | None = None,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+        delete: bool = False,
+        *,
+        profile: str | None = None,
+    ) -> SyncReport:
+        """Download ``model``'s folder (or only checkpoint ``step``) from S3 into this
+        backend's path, before ``model.register(backend)``: a registered model's engine and
+        trainer already read the folder, so pulling under them is refused.
+
+        Example:
+            >>> await backend._experimental_pull_from_s3(model)  # doctest: +SKIP
+            >>> await model.register(backend)  # doctest: +SKIP
+        """
+        if model.name in self._models:
+            raise RuntimeError(
+                f"model {model.name!r} is registered: pull from S3 before model.register(backend)"
+            )
+        return await pull_model_folder(
+            self.model_folder(model),
+            step=step,
+            bucket=s3_bucket,
+            prefix=prefix,
+            profile=profile,
+            delete=delete,
+            verbose=verbose,
         )
 
     # ------------------------------------------------------------------------------ shutdown

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -40,6 +41,7 @@ _DROPPED = (httpx.TransportError,)
 # Failures where the request certainly was not processed: safe to resend anything.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _RETRY_STATUS = frozenset({502, 503, 504})
+logger = logging.getLogger(__name__)
 
 
 class RemoteError(RuntimeError):
@@ -151,7 +153,15 @@ class RemoteBackend(BackendBase):
         return self._client
 
     async def _request(
-        self, method: str, path: str, body: Any = None, *, idempotent: bool, attempts: int = 6
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        idempotent: bool,
+        attempts: int = 6,
+        params: dict[str, str] | None = None,
+        read_timeout_s: float | None = None,
     ) -> Any:
         """Send a request; resend it after connection failures when that is safe."""
         content = None if body is None else json.dumps(body).encode()
@@ -160,8 +170,11 @@ class RemoteBackend(BackendBase):
         for attempt in range(attempts):
             last = attempt == attempts - 1
             try:
+                extra: dict[str, Any] = {}
+                if read_timeout_s is not None:
+                    extra["timeout"] = read_timeout_s
                 response = await self._http().request(
-                    method, path, content=content, headers=headers
+                    method, path, content=content, headers=headers, params=params, **extra
                 )
             except _NOT_SENT:
                 if last:
@@ -295,6 +308,12 @@ class RemoteBackend(BackendBase):
         )
         try:
             outcome = await self._follow_job(model, job_id, payload, bar, report, route=route)
+        except asyncio.CancelledError:
+            # The caller gave up on the step (task cancelled, Ctrl-C): stop it on the server
+            # too, rather than let it train on unseen. A dropped connection is not this: the
+            # step goes on and the client reattaches.
+            await asyncio.shield(self._cancel_quietly(job_id))
+            raise
         finally:
             bar.close()
         result = TrainResult.model_validate(outcome)
@@ -375,10 +394,39 @@ class RemoteBackend(BackendBase):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
+    async def _cancel_quietly(self, job_id: str) -> None:
+        try:
+            await asyncio.wait_for(self.cancel_job(job_id, wait_s=0), timeout=10)
+        except Exception as exc:  # the server may be gone: nothing more to stop
+            logger.warning("could not cancel training job %s on the server: %s", job_id, exc)
+
+    async def cancel_job(self, job_id: str, *, wait_s: float = 60.0) -> dict[str, Any]:
+        """Cancel a training job on the server; its summary once it ended (or after
+        ``wait_s``). A cancelled step writes no checkpoint: the model stays at its previous
+        step and serves it. Cancelling the task that awaits ``train`` does this too.
+
+        Example:
+            >>> (await backend.cancel_job("job_3f9c..."))["status"]  # doctest: +SKIP
+            'cancelled'
+        """
+        result: dict[str, Any] = await self._request(
+            "DELETE",
+            f"/api/jobs/{quote(job_id, safe='')}",
+            params={"wait": str(wait_s)},
+            idempotent=True,
+            read_timeout_s=wait_s + 30,
+        )
+        return result
+
     @staticmethod
     def _job_error(event: dict[str, Any]) -> Exception:
         error = event.get("error") or {}
         kind, message = str(error.get("type", "Error")), str(error.get("message", ""))
+        # Imported here: art_core.training loads torch, which a remote client need not.
+        from art_core.training.cancel import TrainingCancelled
+
+        if event.get("status") == "cancelled" or kind == "TrainingCancelled":
+            return TrainingCancelled(message)
         if event.get("status") == "interrupted" or kind == "TrainingInterrupted":
             return TrainingInterrupted(message)
         if kind in ("ValueError", "TypeError"):

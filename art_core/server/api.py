@@ -100,7 +100,8 @@ def _rollout_id(request: Request) -> str:
 
 def _after(request: Request) -> int:
     raw = request.query_params.get("after", "0")
-    if not raw.isdigit() or len(raw) > 9:
+    # isdigit() alone accepts "²" and other non-ASCII digits that int() rejects.
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:
         raise FieldError("query.after", "must be a non-negative integer")
     return int(raw)
 
@@ -135,6 +136,7 @@ class ServiceAPI:
                 f"{MODEL}/rollouts/{{rollout_id}}/release", _errors(self.release), methods=["POST"]
             ),
             Route("/api/jobs/{job_id}", _errors(self.job), methods=["GET"]),
+            Route("/api/jobs/{job_id}", _errors(self.cancel_job), methods=["DELETE"]),
             Route("/api/jobs/{job_id}/events", _errors(self.job_events), methods=["GET"]),
         ]
 
@@ -216,6 +218,21 @@ class ServiceAPI:
 
     async def job(self, request: Request) -> Response:
         return json_response(self._job(request).summary())
+
+    async def cancel_job(self, request: Request) -> Response:
+        """Cancel a queued or running job; answers once it has ended (its summary: status
+        ``cancelled``, or the outcome it reached first), or after ``?wait=`` seconds (default
+        60, at most 600) with the job still ``running`` (it stops within a micro-batch)."""
+        job = self._job(request)
+        raw = request.query_params.get("wait", "60")
+        try:
+            wait_s = float(raw)
+        except ValueError:
+            wait_s = -1.0
+        if not 0 <= wait_s <= 600:
+            raise FieldError("query.wait", "must be a number of seconds from 0 to 600")
+        await self.service.cancel(job.id, wait_s)
+        return json_response(job.summary())
 
     async def job_events(self, request: Request) -> Response:
         return self._stream(self._job(request), _after(request))

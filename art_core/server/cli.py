@@ -81,7 +81,10 @@ async def serve(settings: ServeSettings, stop: asyncio.Event | None = None) -> i
         except (NotImplementedError, RuntimeError):  # not the main thread / not Unix
             pass
     await stop.wait()
-    _say("stopping (finishing training in progress; Ctrl-C again to quit now)")
+    _say(
+        f"stopping (training in progress may finish for {settings.drain_timeout_s:.0f} s, "
+        "then it is cancelled; Ctrl-C again to quit now)"
+    )
     await backend.server.call(service.drain())
     await backend.close()
     _say("stopped")
@@ -109,6 +112,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         threads_per_replica=args.threads_per_replica,
         replica_devices=args.replica_device or None,
         ray_address=args.ray,
+        drain_timeout_s=args.drain_timeout,
     )
 
 
@@ -167,6 +171,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-base-model",
         action="append",
         help="a local model folder clients may name as base_model (embedded models always)",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=_positive(float),
+        default=120.0,
+        help="on SIGTERM/Ctrl-C, seconds to let training steps in progress finish before "
+        "cancelling them (a cancelled step writes nothing; the previous checkpoint stays)",
     )
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import re
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,8 +24,8 @@ from art_core.files import atomic_write_text
 logger = logging.getLogger(__name__)
 
 JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
-JobStatus = Literal["queued", "running", "succeeded", "failed", "interrupted"]
-TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "interrupted"})
+JobStatus = Literal["queued", "running", "succeeded", "failed", "interrupted", "cancelled"]
+TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "interrupted", "cancelled"})
 TERMINAL_EVENTS = frozenset({"result", "error"})
 
 
@@ -79,6 +80,8 @@ class Job:
         self.events: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        # Set to cancel: the trainer thread stops before its next forward pass.
+        self.cancel = threading.Event()
         self.emit({"event": "job", "job_id": job_id, "project": project, "model": model})
 
     @property

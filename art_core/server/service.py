@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -31,10 +32,12 @@ from art_core.server.schemas import (
     to_groups,
 )
 from art_core.server.settings import ServeSettings
+from art_core.training.cancel import TrainingCancelled
 from art_core.trajectories import new_id
 
 # Runs one training call (``train`` or ``train_sft``) with a progress callback.
-TrainCall = Callable[[Callable[[dict[str, Any]], None]], Awaitable[Any]]
+# A training call of a job: given the progress callback and the job's cancel event.
+TrainCall = Callable[[Callable[[dict[str, Any]], None], threading.Event], Awaitable[Any]]
 
 logger = logging.getLogger(__name__)
 
@@ -181,12 +184,13 @@ class Service:
         return self._start_job(
             model,
             request.job_id,
-            lambda on_progress: self.backend.train(
+            lambda on_progress, cancel: self.backend.train(
                 model,
                 groups,
                 request.config,
                 on_progress=on_progress,
                 serve_while_training=request.serve_while_training,
+                cancel=cancel,
             ),
         )
 
@@ -220,8 +224,8 @@ class Service:
         return self._start_job(
             model,
             request.job_id,
-            lambda on_progress: self.backend.train_sft(
-                model, demos, request.config, on_progress=on_progress
+            lambda on_progress, cancel: self.backend.train_sft(
+                model, demos, request.config, on_progress=on_progress, cancel=cancel
             ),
         )
 
@@ -250,10 +254,16 @@ class Service:
 
         try:
             async with self.lock(model):
-                job.start(await self.backend.get_step(model))
+                step = await self.backend.get_step(model)
+                if job.cancel.is_set():  # cancelled while it waited for the model
+                    raise TrainingCancelled(f"cancelled before it started; still at step {step}")
+                job.start(step)
                 self.jobs.save(job)
-                result = await train(on_progress)
+                result = await train(on_progress, job.cancel)
             job.succeed(result.model_dump(mode="json"))
+        except TrainingCancelled as exc:
+            logger.info("training job %s cancelled: %s", job.id, exc)
+            job.fail("TrainingCancelled", str(exc), status="cancelled")
         except asyncio.CancelledError:
             # The trainer thread may still finish the checkpoint: leave the job "running" on
             # disk, and the next start decides from the checkpoints (``reconcile_jobs``).
@@ -299,10 +309,37 @@ class Service:
         async with self.lock(model):
             return await self.backend.delete_checkpoints(model, metric)
 
-    async def drain(self) -> int:
-        """Wait for the training jobs in progress (a step is never abandoned half-way on a
-        graceful stop); returns how many there were. Runs on the gateway's loop."""
-        tasks = [job.task for job in self.jobs.unfinished() if job.task is not None]
+    async def cancel(self, job_id: str, wait_s: float = 60.0) -> Job | None:
+        """Cancel a job (queued or running) and wait up to ``wait_s`` for it to end; the job
+        (None: unknown). A running step stops within one micro-batch and writes nothing; the
+        model serves its previous checkpoint again. A job already finished is left as it is.
+        """
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        if not job.done:
+            job.cancel.set()
+            if job.task is not None:
+                await asyncio.wait([job.task], timeout=wait_s)
+        return job
+
+    async def drain(self, timeout_s: float | None = None) -> int:
+        """On a graceful stop: let the training jobs in progress finish for up to
+        ``timeout_s`` (None: the settings' ``drain_timeout_s``), then cancel the rest and wait
+        for them to stop (within a micro-batch). Returns how many jobs there were. Runs on
+        the gateway's loop."""
+        timeout_s = self.settings.drain_timeout_s if timeout_s is None else timeout_s
+        jobs = [job for job in self.jobs.unfinished() if job.task is not None]
+        tasks = [job.task for job in jobs if job.task is not None]
         if tasks:
-            await asyncio.wait(tasks)
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            if pending:
+                logger.warning(
+                    "cancelling %d training job(s) still running after %.0f s",
+                    len(pending),
+                    timeout_s,
+                )
+                for job in jobs:
+                    job.cancel.set()
+                await asyncio.wait(pending)
         return len(tasks)

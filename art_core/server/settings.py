@@ -75,6 +75,8 @@ class ServeSettings:
     replica_devices: list[str] | None = None
     ray_address: str | None = None
     default_max_tokens: int = 1024
+    # A graceful stop lets training steps in progress finish this long, then cancels them.
+    drain_timeout_s: float = 120.0
     token_generated: bool = False
 
     def resolved_token(self) -> str | None:

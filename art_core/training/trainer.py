@@ -33,6 +33,7 @@ from art_core.training.batch import (
     split_rollouts,
     to_examples,
 )
+from art_core.training.cancel import raise_if_cancelled
 from art_core.training.checkpoints import (
     load_optimizer_state,
     save_checkpoint,
@@ -87,6 +88,8 @@ class Trainer:
         self._param_names: list[str] = []
         self._loaded_step = -1
         self._base_dtype: torch.dtype | None = None
+        # The running step's cancel event (see ``training.cancel``); None between steps.
+        self._cancel: threading.Event | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -134,6 +137,7 @@ class Trainer:
         config: TrainConfig | None = None,
         *,
         on_progress: ProgressCallback | None = None,
+        cancel: threading.Event | None = None,
     ) -> TrainResult:
         """Train on ``groups`` and write checkpoint ``latest_step() + 1``.
 
@@ -146,7 +150,9 @@ class Trainer:
         (``train/trained`` 0) and no checkpoint is written; ``result.step`` stays the current
         step and ``result.nothing_trained`` holds the reason.
         ``on_progress`` is called (in this thread) after every micro-batch and optimizer step
-        with a JSON-serializable dict.
+        with a JSON-serializable dict. Setting ``cancel`` (from any thread) stops the step
+        before its next forward pass with ``TrainingCancelled``: no checkpoint is written and
+        the latest one stays in force.
 
         Example:
             >>> result = trainer.train_step(groups, TrainConfig())   # doctest: +SKIP
@@ -160,12 +166,15 @@ class Trainer:
         if not groups:
             raise ValueError("train_step needs at least one TrajectoryGroup")
         with self._lock:
+            self._cancel = cancel
             try:
                 return self._train_step(groups, config, on_progress)
             except BaseException:
                 # The weights in memory may be half-updated: reload the latest checkpoint next.
                 self._loaded_step = -1
                 raise
+            finally:
+                self._cancel = None
 
     def train_sft(
         self,
@@ -175,6 +184,7 @@ class Trainer:
         on_progress: ProgressCallback | None = None,
         groups: Sequence[TrajectoryGroup] = (),
         data_metrics: Mapping[str, float] | None = None,
+        cancel: threading.Event | None = None,
     ) -> TrainResult:
         """Supervised epochs on ``records`` and write checkpoint ``latest_step() + 1``.
 
@@ -185,6 +195,7 @@ class Trainer:
         from; ``groups`` (the data as trajectories) go to ``trajectories/sft/{step:04d}.jsonl``
         and ``data_metrics`` (e.g. how many records were rendered) join the metrics.
         Every record is checked before the first update; a failure leaves no checkpoint.
+        ``cancel`` stops it as it stops ``train_step``.
 
         Example:
             >>> records = [SFTRecord("demo", [TokenSequence([1, 2, 3], [False, True, True],
@@ -197,6 +208,7 @@ class Trainer:
             raise TypeError(f"config must be an SFTConfig, got {type(config).__name__}")
         records = list(records)
         with self._lock:
+            self._cancel = cancel
             started = time.perf_counter()
             self._ensure_loaded(config)
             assert self._optimizer is not None
@@ -231,6 +243,8 @@ class Trainer:
                 # The weights in memory may be half-updated: reload the latest checkpoint next.
                 self._loaded_step = -1
                 raise
+            finally:
+                self._cancel = None
 
     def delete_checkpoints(
         self,
@@ -331,6 +345,8 @@ class Trainer:
         self, batch: MicroBatch, config: TrainingSettings
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The current model's logprobs (and entropies) of the batch's trained tokens."""
+        # Every forward of a step comes here: the one place a cancelled step stops.
+        raise_if_cancelled(self._cancel, self._loaded_step)
         device = self.device
         inputs: dict[str, Any] = {
             "input_ids": batch.input_ids.to(device),

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from art_core.model_folder import ADAPTER_CONFIG_FILE, ModelFolder
 from art_core.training.batch import prepare_batch, split_rollouts, to_examples
+from art_core.training.cancel import raise_if_cancelled
 from art_core.training.checkpoints import commit_checkpoint
 from art_core.training.config import TrainConfig, TrainResult
 from art_core.training.distributed.balance import split_by_tokens
@@ -216,6 +217,10 @@ class DistributedTrainer(Trainer):
         failures: dict[int, str] = {}
         deadline = None if timeout is None else time.monotonic() + timeout
         while len(results) + len(failures) < group.size:
+            # A cancelled step ends the world (the ranks are formed again on the next step):
+            # the caller's except clause stops the group and removes the staging folder.
+            if op == "train":
+                raise_if_cancelled(self._cancel, self.latest_step())
             if failures and deadline is None:
                 deadline = time.monotonic() + FAILURE_GRACE_S
             wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))

@@ -15,13 +15,17 @@ MAX_TASK_CHARS = 2000
 
 
 def normalize_task(task: str) -> str:
-    """The form used to spot duplicate tasks: lower case, punctuation and extra spaces gone.
+    """The form used to spot duplicate tasks: lower case, sentence punctuation and extra
+    spaces gone. Symbols that change a task's meaning stay: ``-3 - 6`` and ``3 * 6`` are
+    different tasks, not one.
 
     Example:
         >>> normalize_task("  What time is it in Tokyo?? ")
         'what time is it in tokyo'
+        >>> normalize_task("Calculate -3 - 6."), normalize_task("Calculate -( -( 3 * 6 ) ).")
+        ('calculate -3 - 6', 'calculate -( -( 3 * 6 ) )')
     """
-    return " ".join(re.sub(r"[^\w\s]", " ", task.lower()).split())
+    return " ".join(re.sub(r"[.,;:!?\"'`]", " ", task.lower()).split())
 
 
 class Scenario(BaseModel):

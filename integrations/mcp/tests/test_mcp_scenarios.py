@@ -115,3 +115,16 @@ def test_scenarios_round_trip_through_jsonl_and_bad_lines_are_named(tmp_path: Pa
         load_scenarios(edited)
     with pytest.raises(FileNotFoundError):
         load_scenarios(tmp_path / "missing.jsonl")
+
+
+def test_tasks_that_differ_only_in_symbols_are_different_scenarios() -> None:
+    # A procedural arithmetic generator's tasks differ in their operators and signs: each
+    # must keep an id of its own (ids name scenarios in the sampler's history).
+    tasks = ["Calculate -3 - 6.", "Calculate -( -( 3 * 6 ) ).", "Calculate 3 + 6.", "calculate 3+6"]
+    ids = [Scenario(task=task).id for task in tasks]
+    assert len(set(ids)) == 4
+    # Case, spacing and sentence punctuation still make no difference.
+    assert (
+        Scenario(task="What time is it in Tokyo?").id
+        == Scenario(task="what time is it  in tokyo").id
+    )
