@@ -265,7 +265,9 @@ async def test_delete_job_cancels_it_and_answers_with_its_summary(server: Server
 
 def test_graceful_stop_cancels_a_step_that_outlasts_the_drain_timeout(tmp_path: Path) -> None:
     async def scenario() -> None:
-        server = ServerProcess(tmp_path / "art", args=["--drain-timeout", "1"]).start()
+        server = ServerProcess(
+            tmp_path / "art", args=["--drain-timeout", "1", "--max-num-epochs", "1000"]
+        ).start()
         try:
             mid_step = asyncio.Event()
 
@@ -293,3 +295,29 @@ def test_graceful_stop_cancels_a_step_that_outlasts_the_drain_timeout(tmp_path: 
             server.kill()
 
     asyncio.run(scenario())
+
+
+async def test_training_settings_beyond_the_server_limits_are_a_422(server: ServerProcess) -> None:
+    backend = server.backend()
+    model = art.TrainableModel(name="limited", project="faults", base_model="tiny-random")
+    await model.register(backend)
+    groups = [g.model_dump(mode="json") for g in await groups_of(model, size=2)]
+    headers = {"Authorization": f"Bearer {server.token}"}
+    path = "/api/models/faults/limited/train"
+    async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=60) as http:
+        for config, named in [
+            ({"num_epochs": 10**9}, "num_epochs"),  # beyond TrainConfig's own range
+            ({"lora_rank": 20000}, "lora_rank"),
+            ({"num_epochs": 500}, "--max-num-epochs"),  # within it, beyond the server's
+            ({"lora_rank": 512}, "--max-lora-rank"),
+            ({"optimizer_steps_per_epoch": 5000}, "--max-optimizer-steps-per-epoch"),
+            ({"learning_rate": "1e999"}, "learning_rate"),  # a JSON number that is inf
+        ]:
+            body = json.dumps({"groups": groups, "config": config}).replace('"1e999"', "1e999")
+            response = await http.post(
+                path, content=body, headers={"content-type": "application/json"}
+            )
+            assert response.status_code == 422, (config, response.text)
+            assert named in response.text, (config, response.text)
+    assert await model.get_step() == 0
+    await backend.close()

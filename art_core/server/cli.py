@@ -22,6 +22,7 @@ from art_core.backends.local import LocalBackend
 from art_core.server.app import build_app
 from art_core.server.service import Service
 from art_core.server.settings import ServeSettings, is_loopback
+from art_core.server.train_limits import TrainLimits
 
 TOKEN_ENV = "ART_CORE_TOKEN"
 
@@ -113,6 +114,11 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         replica_devices=args.replica_device or None,
         ray_address=args.ray,
         drain_timeout_s=args.drain_timeout,
+        train_limits=TrainLimits(
+            max_num_epochs=args.max_num_epochs,
+            max_optimizer_steps_per_epoch=args.max_optimizer_steps_per_epoch,
+            max_lora_rank=args.max_lora_rank,
+        ),
     )
 
 
@@ -179,6 +185,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM/Ctrl-C, seconds to let training steps in progress finish before "
         "cancelling them (a cancelled step writes nothing; the previous checkpoint stays)",
     )
+    limits = TrainLimits()
+    parser.add_argument(
+        "--max-num-epochs",
+        type=_positive(int),
+        default=limits.max_num_epochs,
+        help="most passes over the data one training request may ask (num_epochs, SFT epochs)",
+    )
+    parser.add_argument(
+        "--max-optimizer-steps-per-epoch",
+        type=_positive(int),
+        default=limits.max_optimizer_steps_per_epoch,
+    )
+    parser.add_argument("--max-lora-rank", type=_positive(int), default=limits.max_lora_rank)
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--max-batch-size", type=_positive(int), default=32)

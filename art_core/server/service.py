@@ -179,6 +179,7 @@ class Service:
         existing = self._existing_job(model, request.job_id)
         if existing is not None:
             return existing
+        self.settings.train_limits.check(request.config)
         groups = to_groups(request.groups)
         check_calls(groups, self.vocab_size(model))
         return self._start_job(
@@ -203,6 +204,7 @@ class Service:
         existing = self._existing_job(model, request.job_id)
         if existing is not None:
             return existing
+        self.settings.train_limits.check(request.config)
         labels = request.labels
         if labels is not None and len(labels) != len(request.trajectories):
             raise FieldError(

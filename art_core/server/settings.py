@@ -10,6 +10,8 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from art_core.server.train_limits import TrainLimits
+
 LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
 
 
@@ -77,6 +79,8 @@ class ServeSettings:
     default_max_tokens: int = 1024
     # A graceful stop lets training steps in progress finish this long, then cancels them.
     drain_timeout_s: float = 120.0
+    # Bounds on what one training request may ask (epochs, optimizer steps, LoRA rank).
+    train_limits: TrainLimits = field(default_factory=TrainLimits)
     token_generated: bool = False
 
     def resolved_token(self) -> str | None:

@@ -7,7 +7,7 @@ sent over HTTP by a remote backend unchanged.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -24,12 +24,22 @@ DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = (
 )
 
 
+# Hard ceilings (any process); a server's ``TrainLimits`` are lower by default.
+MAX_LORA_RANK = 4096
+MAX_EPOCHS = 10_000
+
+
 class TrainingSettings(BaseModel):
     """What every kind of step on a model's adapter shares (GRPO ``TrainConfig`` and
     ``SFTConfig``): the optimizer, the LoRA adapter's shape, micro-batching and precision.
 
     The LoRA fields are fixed when the adapter is created (first step); a later step asking
     for a different rank, alpha or target modules is an error, not a silent re-init.
+
+    Every field has a range (its ``Field`` bounds, shown in the JSON schema): wide enough
+    for any real run, narrow enough that no value can make a step endless or allocate
+    without bound. A server narrows them further (``TrainLimits``; an operator raises them
+    with ``art-core serve --max-...``).
 
     Example:
         >>> TrainingSettings(lora_rank=16).lora_settings()["r"]
@@ -39,22 +49,28 @@ class TrainingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Optimizer (AdamW on the LoRA weights only; the learning rate is each config's own).
-    weight_decay: float = Field(default=0.0, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
     adam_betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float | None = Field(
-        default=1.0, gt=0, description="Clip the global gradient norm to this; None = no clipping."
+        default=1.0,
+        gt=0,
+        le=1e6,
+        description="Clip the global gradient norm to this; None = no clipping.",
     )
 
     # LoRA adapter.
-    lora_rank: int = Field(default=8, ge=1)
-    lora_alpha: int = Field(default=16, ge=1)
+    lora_rank: int = Field(default=8, ge=1, le=MAX_LORA_RANK)
+    lora_alpha: int = Field(default=16, ge=1, le=65_536)
     lora_dropout: float = Field(default=0.0, ge=0, lt=1)
-    lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGET_MODULES
+    lora_target_modules: tuple[Annotated[str, Field(min_length=1, max_length=200)], ...] = Field(
+        default=DEFAULT_LORA_TARGET_MODULES, max_length=256
+    )
 
     # Batching.
     max_tokens_per_batch: int = Field(
         default=4096,
         ge=16,
+        le=1_048_576,
         description="Token budget of one micro-batch (one forward/backward). A sequence longer "
         "than the budget gets a micro-batch of its own.",
     )
@@ -67,7 +83,7 @@ class TrainingSettings(BaseModel):
     )
     gradient_checkpointing: bool = False
 
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**62)  # + the step number, for torch.manual_seed
     precision: Literal["auto", "bf16", "fp32"] = Field(
         default="auto",
         description="'auto': bf16 autocast on CUDA with bf16 and on CPUs with native bf16 "
@@ -106,7 +122,7 @@ class TrainConfig(TrainingSettings):
         True
     """
 
-    learning_rate: float = Field(default=5e-6, gt=0, description="AdamW learning rate.")
+    learning_rate: float = Field(default=5e-6, gt=0, le=10, description="AdamW learning rate.")
 
     # Objective.
     loss: Literal["ppo", "cispo"] = Field(
@@ -114,20 +130,24 @@ class TrainConfig(TrainingSettings):
         description="'ppo': clipped ratio objective. 'cispo': clipped, detached importance "
         "weight times the token logprob (every token keeps a gradient).",
     )
-    epsilon: float = Field(default=0.2, gt=0, description="Lower clip range: ratio >= 1 - epsilon.")
+    epsilon: float = Field(
+        default=0.2, gt=0, le=100, description="Lower clip range: ratio >= 1 - epsilon."
+    )
     epsilon_high: float | None = Field(
         default=None,
         gt=0,
+        le=100,
         description="Upper clip range: ratio <= 1 + epsilon_high (None = epsilon).",
     )
     truncated_importance_sampling: float | None = Field(
         default=None,
         gt=0,
+        le=1e6,
         description="Cap C of truncated importance sampling: each token's loss is weighted by "
         "min(p_trainer / p_sampler, C) to correct the sampler/trainer mismatch. None = off.",
     )
     beta: float = Field(
-        default=0.0, ge=0, description="Weight of the k3 KL penalty to the base model."
+        default=0.0, ge=0, le=1e3, description="Weight of the k3 KL penalty to the base model."
     )
     scale_rewards: bool = Field(
         default=True,
@@ -137,10 +157,13 @@ class TrainConfig(TrainingSettings):
     # Schedule: by default one optimizer step per ``train`` call, whatever the batch size
     # (gradients of all micro-batches are accumulated).
     num_epochs: int = Field(
-        default=1, ge=1, description="Passes over the trajectories of the call."
+        default=1, ge=1, le=MAX_EPOCHS, description="Passes over the trajectories of the call."
     )
     optimizer_steps_per_epoch: int = Field(
-        default=1, ge=1, description="Split each pass into this many optimizer steps (by rollout)."
+        default=1,
+        ge=1,
+        le=100_000,
+        description="Split each pass into this many optimizer steps (by rollout).",
     )
 
     @property
@@ -186,7 +209,7 @@ class SFTConfig(TrainingSettings):
         default="all",
         description="Train on every assistant turn of a record, or only on its last one.",
     )
-    epochs: int = Field(default=1, ge=1, le=10_000, description="Passes over the records.")
+    epochs: int = Field(default=1, ge=1, le=MAX_EPOCHS, description="Passes over the records.")
     schedule_type: Literal["constant", "linear", "cosine"] = Field(
         default="constant",
         description="Learning-rate decay from the peak to 0 over the call's optimizer steps.",
