@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -38,8 +39,11 @@ class ServerProcess:
         token: str | None = "test-token",
         port: int = 0,
         args: list[str] | None = None,
+        max_open_files: int | None = None,
     ) -> None:
         self.path = Path(path)
+        # RLIMIT_NOFILE of the server process (e.g. 1024, a common default), None: inherited.
+        self.max_open_files = max_open_files
         self.token = token
         self.port = port
         self.args = list(args or [])
@@ -57,8 +61,21 @@ class ServerProcess:
             env["ART_CORE_TOKEN"] = self.token  # not on the command line
         self.path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log, "a")  # kept open for the process's lifetime
+        limit = self.max_open_files
+
+        def set_limits() -> None:
+            if limit is not None:
+                _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+
         self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=log, text=True, env=env, bufsize=1
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
+            bufsize=1,
+            preexec_fn=set_limits if limit is not None else None,
         )
         ready = threading.Event()
         process = self.process

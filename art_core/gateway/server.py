@@ -15,6 +15,12 @@ from typing import Any, TypeVar
 import uvicorn
 
 from art_core.gateway.app import Gateway
+from art_core.gateway.connections import (
+    ConnectionLimits,
+    ConnectionState,
+    guarded_protocol,
+    http_protocol_class,
+)
 
 T = TypeVar("T")
 
@@ -46,6 +52,9 @@ class GatewayServer:
         self.app: Any = app if app is not None else gateway.app  # type: ignore[union-attr]
         self.host = host
         self.port = port
+        # How many connections it holds and how long it waits for them; settable until start.
+        self.connection_limits = ConnectionLimits()
+        self.connections: ConnectionState | None = None
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="art-gateway", daemon=True)
         self._started = threading.Event()
@@ -66,6 +75,8 @@ class GatewayServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
+        protocol = guarded_protocol(http_protocol_class(), self.connection_limits)
+        self.connections = protocol.state
         config = uvicorn.Config(
             self.app,
             host=self.host,
@@ -74,6 +85,7 @@ class GatewayServer:
             lifespan="off",
             timeout_keep_alive=30,
             backlog=2048,
+            http=protocol,
         )
         self._server = uvicorn.Server(config)
         self.loop.run_until_complete(self._serve())

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from art_core.backends.local import LocalBackend
+from art_core.gateway.connections import ConnectionLimits
 from art_core.server.app import build_app
 from art_core.server.service import Service
 from art_core.server.settings import ServeSettings, is_loopback
@@ -52,6 +53,7 @@ async def serve(settings: ServeSettings, stop: asyncio.Event | None = None) -> i
     )
     service = Service(backend, settings)
     backend.server.app = build_app(service)
+    backend.server.connection_limits = settings.connection_limits
     try:
         await backend.start()
     except (RuntimeError, TimeoutError) as exc:
@@ -114,6 +116,12 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         replica_devices=args.replica_device or None,
         ray_address=args.ray,
         drain_timeout_s=args.drain_timeout,
+        connection_limits=ConnectionLimits(
+            max_connections=args.max_connections,
+            max_idle_connections=args.max_idle_connections,
+            header_timeout_s=args.header_timeout,
+            body_idle_timeout_s=args.body_timeout,
+        ),
         train_limits=TrainLimits(
             max_num_epochs=args.max_num_epochs,
             max_optimizer_steps_per_epoch=args.max_optimizer_steps_per_epoch,
@@ -184,6 +192,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=120.0,
         help="on SIGTERM/Ctrl-C, seconds to let training steps in progress finish before "
         "cancelling them (a cancelled step writes nothing; the previous checkpoint stays)",
+    )
+    connections = ConnectionLimits()
+    parser.add_argument(
+        "--max-connections",
+        type=_positive(int),
+        default=connections.max_connections,
+        help="open connections at most (lowered to fit the file descriptor limit)",
+    )
+    parser.add_argument(
+        "--max-idle-connections",
+        type=_positive(int),
+        default=connections.max_idle_connections,
+        help="connections that have not sent a request yet; beyond, the oldest is closed",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=_positive(float),
+        default=connections.header_timeout_s,
+        help="seconds a connection has to deliver a request's headers",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=_positive(float),
+        default=connections.body_idle_timeout_s,
+        help="seconds a request body may stall before the request is dropped",
     )
     limits = TrainLimits()
     parser.add_argument(

@@ -10,6 +10,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from art_core.gateway.connections import ConnectionLimits
 from art_core.server.train_limits import TrainLimits
 
 LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
@@ -81,6 +82,8 @@ class ServeSettings:
     drain_timeout_s: float = 120.0
     # Bounds on what one training request may ask (epochs, optimizer steps, LoRA rank).
     train_limits: TrainLimits = field(default_factory=TrainLimits)
+    # Open connections, idle ones before a first request, header and body read timeouts.
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     token_generated: bool = False
 
     def resolved_token(self) -> str | None:

@@ -1,0 +1,182 @@
+"""Bounds on the connections a server holds: slow or idle clients cannot starve the rest.
+
+uvicorn accepts every connection and waits as long as a client likes for its request
+headers, so 1,000 idle sockets exhaust the file descriptors before any request (and so
+before authentication) is seen. ``guarded_protocol`` wraps uvicorn's HTTP protocol class
+with four bounds (``ConnectionLimits``):
+
+- **header deadline**: a connection must deliver a request's headers within
+  ``header_timeout_s`` of opening (or of its first byte after a keep-alive pause), however
+  slowly it trickles them in; then it is closed;
+- **body idle timeout**: a request body that stops arriving for ``body_idle_timeout_s`` is
+  abandoned (the app sees a disconnect);
+- **idle-before-request cap**: at most ``max_idle_connections`` connections that have not
+  sent a first request are kept; a new one beyond that evicts the oldest of them. A real
+  client sends its request at once and leaves that pool in milliseconds, so an attacker
+  holding sockets open cannot crowd it out;
+- **connection cap**: at most ``max_connections`` open at once (never more than the file
+  descriptor limit allows, with room for the engine and files); beyond it a new connection
+  first evicts an idle one, else it is closed at once.
+
+Example:
+    >>> limits = ConnectionLimits(max_connections=100, header_timeout_s=5)
+    >>> limits.effective_max_connections() <= 100
+    True
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# File descriptors kept free of connections: model files, SQLite, engine workers, logs.
+RESERVED_FDS = 128
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How many connections a server holds and how long it waits for each (see module)."""
+
+    max_connections: int = 4096
+    max_idle_connections: int = 256
+    header_timeout_s: float = 10.0
+    body_idle_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "max_idle_connections"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("header_timeout_s", "body_idle_timeout_s"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}")
+
+    def effective_max_connections(self) -> int:
+        """``max_connections``, lowered to fit under this process's file descriptor limit."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return self.max_connections
+        return max(1, min(self.max_connections, soft - RESERVED_FDS))
+
+
+@dataclass
+class ConnectionState:
+    """The open connections of one server (touched only on its event loop)."""
+
+    open: set[Any] = field(default_factory=set)
+    # Connections that have not sent a first request yet, oldest first.
+    idle: OrderedDict[Any, None] = field(default_factory=OrderedDict)
+    refused: int = 0
+    evicted: int = 0
+    timed_out: int = 0
+
+
+def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> type[Any]:
+    """``base`` (uvicorn's httptools or h11 protocol class) with ``limits`` enforced; the
+    class to pass as ``uvicorn.Config(http=...)``. Its ``state`` holds the counters.
+
+    Example:
+        >>> from uvicorn.protocols.http.h11_impl import H11Protocol
+        >>> protocol = guarded_protocol(H11Protocol, ConnectionLimits())
+        >>> protocol.state.refused
+        0
+    """
+    state = ConnectionState()
+    max_connections = limits.effective_max_connections()
+
+    class GuardedProtocol(base):  # type: ignore[valid-type, misc]
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            self._guard_timer: asyncio.TimerHandle | None = None
+            self._refused = False
+            if len(state.open) >= max_connections and not _evict_oldest_idle():
+                self._refused = True
+                state.refused += 1
+                transport.abort()
+                return
+            super().connection_made(transport)
+            state.open.add(self)
+            state.idle[self] = None
+            while len(state.idle) > limits.max_idle_connections:
+                _evict_oldest_idle()
+            # The request the connection is expected to start next follows this cycle.
+            self._waiting_after = self.cycle
+            self._arm(limits.header_timeout_s, self._on_header_timeout)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._refused:
+                return
+            self._disarm()
+            state.open.discard(self)
+            state.idle.pop(self, None)
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._waiting_after is not None and self.cycle is self._waiting_after:
+                # First bytes after a keep-alive pause: the next headers are now due.
+                if self._guard_timer is None:
+                    self._arm(limits.header_timeout_s, self._on_header_timeout)
+            super().data_received(data)
+            cycle = self.cycle
+            if cycle is None or cycle is self._waiting_after:
+                return  # still inside the headers
+            state.idle.pop(self, None)
+            if getattr(cycle, "more_body", False) and not getattr(cycle, "response_complete", True):
+                self._arm(limits.body_idle_timeout_s, self._on_body_timeout)  # progress: re-arm
+            else:
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._disarm()
+            self._waiting_after = self.cycle  # the header deadline restarts with new bytes
+
+        def _arm(self, delay: float, callback: Any) -> None:
+            self._disarm()
+            self._guard_timer = self.loop.call_later(delay, callback)
+
+        def _disarm(self) -> None:
+            if self._guard_timer is not None:
+                self._guard_timer.cancel()
+                self._guard_timer = None
+
+        def _on_header_timeout(self) -> None:
+            self._guard_timer = None
+            if self.cycle is self._waiting_after and not self.transport.is_closing():
+                state.timed_out += 1
+                self.transport.close()
+
+        def _on_body_timeout(self) -> None:
+            self._guard_timer = None
+            cycle = self.cycle
+            if cycle is not None and getattr(cycle, "more_body", False):
+                state.timed_out += 1
+                self.transport.close()
+
+    def _evict_oldest_idle() -> bool:
+        if not state.idle:
+            return False
+        oldest, _ = state.idle.popitem(last=False)
+        state.evicted += 1
+        oldest.transport.close()
+        return True
+
+    GuardedProtocol.state = state  # type: ignore[attr-defined]
+    GuardedProtocol.__name__ = f"Guarded{base.__name__}"
+    return GuardedProtocol
+
+
+def http_protocol_class() -> type[asyncio.Protocol]:
+    """The HTTP protocol class uvicorn's ``http="auto"`` picks (httptools when installed)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        return HttpToolsProtocol
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        return H11Protocol
