@@ -40,6 +40,31 @@ _STEP_NAME = re.compile(r"[0-9]{1,9}")
 logger = logging.getLogger(__name__)
 
 
+def _safetensors_damage(path: Path) -> str | None:
+    """Why a safetensors file is not whole (None: its header parses and its tensors' data
+    ends where the file ends)."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as file:
+            length = int.from_bytes(file.read(8), "little")
+            if length <= 0 or 8 + length > size:
+                return f"{path.name} has no valid header ({size} bytes)"
+            header = json.loads(file.read(length))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return f"{path.name} has no valid header ({exc})"
+    if not isinstance(header, dict):
+        return f"{path.name} has no valid header"
+    ends = [
+        entry["data_offsets"][1]
+        for key, entry in header.items()
+        if key != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry
+    ]
+    data = size - 8 - length
+    if max(ends, default=0) > data:
+        return f"{path.name} is cut short: {data} bytes of tensor data, {max(ends)} expected"
+    return None
+
+
 @dataclass(frozen=True)
 class ModelFolder:
     """Paths and records of one model's folder.
@@ -133,19 +158,56 @@ class ModelFolder:
         latest = self.latest_checkpoint()
         return latest[0] if latest else 0
 
+    @staticmethod
+    def checkpoint_damage(checkpoint: Path) -> str | None:
+        """Why a checkpoint folder cannot be served or resumed (None: it is whole).
+
+        Deeper than ``is_complete`` (which only sees that the files exist, and is asked on
+        every step lookup): the JSON files parse to objects, and the adapter's safetensors
+        header parses and accounts for the file's size. Reads headers only; run when a model
+        is loaded, so a damaged checkpoint is set aside before anything serves it.
+
+        Example:
+            >>> ModelFolder.checkpoint_damage(Path("/nonexistent"))
+            'adapter_config.json is missing'
+        """
+        for name in CHECKPOINT_FILES:
+            if not (checkpoint / name).is_file():
+                return f"{name} is missing"
+        for name in (ADAPTER_CONFIG_FILE, TRAINER_STATE_FILE):
+            try:
+                parsed = json.loads((checkpoint / name).read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                return f"{name} is not readable JSON ({exc})"
+            if not isinstance(parsed, dict):
+                return f"{name} is not a JSON object"
+        return _safetensors_damage(checkpoint / ADAPTER_WEIGHTS_FILE)
+
     def incomplete_checkpoints(self) -> list[Path]:
-        """Folders named by a step that lack a checkpoint file."""
-        return [path for _, path in self._step_folders() if not self.is_complete(path)]
+        """Folders named by a step that lack a checkpoint file or hold a damaged one."""
+        return [path for _, path in self._step_folders() if self.checkpoint_damage(path)]
 
     def set_aside_incomplete(self) -> list[tuple[Path, Path]]:
-        """Rename every incomplete checkpoint folder to ``.incomplete-{name}-{time}`` so no
-        step is served, resumed or overwritten from it; returns ``(old, new)`` pairs."""
+        """Rename every incomplete or damaged checkpoint folder to ``.incomplete-{name}-{time}``
+        so no step is served, resumed or overwritten from it; returns ``(old, new)`` pairs."""
         moved = []
         for path in self.incomplete_checkpoints():
             target = path.with_name(f".incomplete-{path.name}-{time.time_ns()}")
             path.rename(target)
             moved.append((path, target))
         return moved
+
+    def set_aside_calls_db(self) -> Path:
+        """Rename a damaged ``calls.sqlite`` (and its ``-wal`` / ``-shm``) to
+        ``.damaged-calls.sqlite-{time}`` so a new record starts; returns the new name."""
+        stamp = time.time_ns()
+        target = self.root / f".damaged-{self.calls_db.name}-{stamp}"
+        for suffix in ("-wal", "-shm"):
+            side = self.calls_db.with_name(self.calls_db.name + suffix)
+            if side.exists():
+                side.rename(target.with_name(target.name + suffix))
+        self.calls_db.rename(target)
+        return target
 
     # ------------------------------------------------------------------------------ records
     def append_history(self, record: Mapping[str, Any]) -> None:

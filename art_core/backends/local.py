@@ -29,7 +29,7 @@ from art_core.engines.tokenizer import ChatTokenizer, load_chat_tokenizer
 from art_core.files import atomic_write_text
 from art_core.gateway.app import Gateway, ServedModel
 from art_core.gateway.server import GatewayServer
-from art_core.gateway.store import CallStore
+from art_core.gateway.store import CallStore, open_call_store
 from art_core.matching import attach_recorded_calls
 from art_core.metrics import hooks as metric_hooks
 from art_core.model_folder import ModelFolder
@@ -183,15 +183,29 @@ class LocalBackend(BackendBase):
         )
         base_path = await asyncio.to_thread(resolve_base_model, model.base_model, self.path)
         chat = await asyncio.to_thread(load_chat_tokenizer, base_path)
-        torch_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-torch")
-        engine = self._new_engine(base_path, folder, chat, torch_thread)
-        await self.server.call(engine.start())
-        latest = folder.latest_checkpoint()
-        if latest is not None:
-            await self.server.call(engine.load_adapter(latest[1], latest[0]))
+        # The record first (cheap, and a damaged one is set aside), then the engine; whatever
+        # fails, nothing started for this model is left running (a retried load would leak
+        # an engine, its weights and threads each time).
         store = await asyncio.to_thread(
-            functools.partial(CallStore, folder.calls_db, rollout_ttl_s=self.rollout_ttl_s)
+            functools.partial(open_call_store, folder, rollout_ttl_s=self.rollout_ttl_s)
         )
+        torch_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-torch")
+        engine: Engine | None = None
+        try:
+            engine = self._new_engine(base_path, folder, chat, torch_thread)
+            await self.server.call(engine.start())
+            latest = folder.latest_checkpoint()
+            if latest is not None:
+                await self.server.call(engine.load_adapter(latest[1], latest[0]))
+        except BaseException:
+            if engine is not None:
+                try:
+                    await self.server.call(engine.close())
+                except Exception:  # already failed: the first error is the one to report
+                    logger.debug("closing the engine of a failed load", exc_info=True)
+            torch_thread.shutdown(wait=False)
+            await asyncio.to_thread(store.close)
+            raise
         served = ServedModel(
             name=model.name,
             engine=engine,
@@ -230,7 +244,7 @@ class LocalBackend(BackendBase):
                 )
         for old, new in folder.set_aside_incomplete():
             logger.warning(
-                "checkpoint %s of %s is incomplete (a file is missing); set aside as %s",
+                "checkpoint %s of %s is incomplete or damaged; set aside as %s",
                 old.name,
                 model.name,
                 new.name,

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from art_core.engines.base import Engine, EngineError
 from art_core.engines.tokenizer import ChatTokenizer
 from art_core.gateway.body import DEFAULT_MAX_BODY_BYTES, read_body
-from art_core.gateway.errors import APIError, engine_error, internal_error
+from art_core.gateway.errors import APIError, engine_error, internal_error, scrub_paths
 from art_core.gateway.prompts import PromptBuilder
 from art_core.gateway.recording import sample_and_record
 from art_core.gateway.requests import DEFAULT_MAX_METADATA_BYTES, prepare_call, read_request
@@ -153,8 +153,19 @@ class Gateway:
         if base not in self.models and self.model_loader is not None:
             try:
                 await self.model_loader(base)
-            except Exception as exc:  # answered as a 404 below
+            except LookupError:
+                pass  # not a model of this server: the 404 below
+            except Exception as exc:
+                # A model known here that cannot be loaded: say why (503), not "no such
+                # model"; the loader keeps the failure for a while, so retries are cheap.
                 logger.warning("could not load model %r on demand: %s", base, exc)
+                raise APIError(
+                    503,
+                    scrub_paths(str(exc)),
+                    type="server_error",
+                    param="model",
+                    code="model_unavailable",
+                ) from None
         served = self.models.get(base)
         if served is None:
             raise APIError(

@@ -32,6 +32,7 @@ from typing import Any
 
 import pydantic_core
 
+from art_core.model_folder import ModelFolder
 from art_core.trajectories import LLMCall, new_id
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,57 @@ def request_rows(calls: list[LLMCall]) -> tuple[tuple[str, str], list[tuple[Any,
     return (request_id, pydantic_core.to_json(shared).decode()), rows
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def sqlite_damage(path: Path) -> str | None:
+    """Why the SQLite file at ``path`` cannot be a whole database (None: it looks whole).
+
+    Reads only its 100-byte header: a file cut short (a full disk, a copy interrupted) is
+    smaller than the page count its header declares, which SQLite itself only notices when
+    a query reaches a missing page, long after the model started serving.
+
+    Example:
+        >>> sqlite_damage(Path("/nonexistent.sqlite")) is None
+        True
+    """
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as file:
+            header = file.read(100)
+    except FileNotFoundError:
+        return None
+    if size == 0:
+        return None  # created but never written: SQLite starts it afresh
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        return f"{path.name} is not an SQLite database ({size} bytes)"
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    if pages and size < pages * page_size:
+        return f"{path.name} is cut short: {size} bytes of the {pages * page_size} its header declares"
+    return None
+
+
+def open_call_store(folder: ModelFolder, *, rollout_ttl_s: float = 1800.0) -> CallStore:
+    """The model's ``CallStore``. A damaged ``calls.sqlite`` (cut short, not a database) is
+    set aside with a warning naming where it went, and a new one is started: the model
+    serves again, and the damaged record stays on disk for whoever wants to salvage it.
+
+    Example:
+        >>> store = open_call_store(ModelFolder.of(".art", "demo", "m"))  # doctest: +SKIP
+    """
+    damage = sqlite_damage(folder.calls_db)
+    if damage is None:
+        try:
+            return CallStore(folder.calls_db, rollout_ttl_s=rollout_ttl_s)
+        except sqlite3.DatabaseError as exc:
+            damage = f"{folder.calls_db.name} cannot be read: {exc}"
+    moved = folder.set_aside_calls_db()
+    logger.warning("%s; set aside as %s, recording to a new one", damage, moved)
+    return CallStore(folder.calls_db, rollout_ttl_s=rollout_ttl_s)
+
+
 def load_call(data: str, request: str | None) -> LLMCall:
     """A call from its ``calls`` row and its request's row (None for rows of the old layout)."""
     if request is None:
@@ -123,7 +175,11 @@ class CallStore:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-call-store")
-        self._db = self._executor.submit(self._open).result()
+        try:
+            self._db = self._executor.submit(self._open).result()
+        except BaseException:
+            self._executor.shutdown(wait=False)  # no thread left behind by a failed open
+            raise
         self._lock = threading.Lock()
         self._rollouts: dict[str, list[LLMCall]] = defaultdict(list)
         self._next_index: dict[str, int] = defaultdict(int)

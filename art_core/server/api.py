@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -34,7 +35,7 @@ from art_core.server.schemas import (
     TrainSFTRequest,
     to_groups,
 )
-from art_core.server.service import Conflict, NotFound, Service
+from art_core.server.service import Conflict, ModelUnavailable, NotFound, Service
 from art_core.trajectories import LLMCall
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,12 @@ def _errors(handler: Handler) -> Handler:
             return json_response(error_body(str(exc), type="not_found_error"), 404)
         except Conflict as exc:
             return json_response(error_body(str(exc), type="conflict_error"), 409)
+        except ModelUnavailable as exc:
+            response = json_response(
+                error_body(str(exc), type="server_error", code="model_unavailable"), 503
+            )
+            response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+            return response
 
     return wrapped
 

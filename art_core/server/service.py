@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 from art_core.backends.local import LocalBackend
 from art_core.embedded import EMBEDDED_MODELS
+from art_core.gateway.errors import scrub_paths
 from art_core.model import TrainableModel
 from art_core.model_folder import ModelFolder
 from art_core.names import check_name
@@ -50,6 +52,20 @@ class Conflict(ValueError):
     """A request that contradicts the server's state (HTTP 409)."""
 
 
+class ModelUnavailable(RuntimeError):
+    """A model that failed to load recently (HTTP 503 + Retry-After): the failure is kept
+    for ``FAILED_LOAD_RETRY_S``, so requests naming it get the reason at once instead of each
+    loading it again."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+# How long a failed model load is answered from memory before the next request tries again.
+FAILED_LOAD_RETRY_S = 30.0
+
+
 def allowed_base_model(name: str, allowed: list[str]) -> bool:
     """Embedded models, ``tiny-random-<seed>``, or folders the operator listed: never an
     arbitrary path chosen by a client.
@@ -80,6 +96,8 @@ class Service:
         self.jobs = JobStore(self.path)
         self.models: dict[str, TrainableModel] = {}
         self._register_lock = asyncio.Lock()
+        # Models whose load failed: name -> (when to try again, the reason).
+        self._failed_loads: dict[str, tuple[float, str]] = {}
         # One lock per model name: training and checkpoint deletion of a model never interleave.
         self._model_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.reconcile_jobs()
@@ -109,10 +127,24 @@ class Service:
                 base_model=request.base_model,
                 config=request.config,
             )
+            failed = self._failed_loads.get(request.name)
+            now = time.monotonic()
+            if failed is not None and now < failed[0]:
+                raise ModelUnavailable(failed[1], failed[0] - now)
             try:
                 await self.backend.register(model)
             except ValueError as exc:  # e.g. the folder holds another base model's checkpoints
-                raise Conflict(str(exc)) from None
+                raise Conflict(scrub_paths(str(exc))) from None
+            except Exception as exc:
+                reason = (
+                    f"model {request.project}/{request.name} failed to load: "
+                    f"{type(exc).__name__}: {scrub_paths(str(exc))}; the server tries again "
+                    f"{FAILED_LOAD_RETRY_S:.0f} s after the failure"
+                )
+                logger.warning("%s", reason, exc_info=True)
+                self._failed_loads[request.name] = (now + FAILED_LOAD_RETRY_S, reason)
+                raise ModelUnavailable(reason, FAILED_LOAD_RETRY_S) from None
+            self._failed_loads.pop(request.name, None)
             self.models[model.name] = model
             self.registry.add(
                 ModelRecord(
