@@ -127,7 +127,9 @@ def sqlite_damage(path: Path) -> str | None:
     page_size = 65536 if page_size == 1 else page_size
     pages = int.from_bytes(header[28:32], "big")
     if pages and size < pages * page_size:
-        return f"{path.name} is cut short: {size} bytes of the {pages * page_size} its header declares"
+        return (
+            f"{path.name} is cut short: {size} bytes of the {pages * page_size} its header declares"
+        )
     return None
 
 
