@@ -152,3 +152,18 @@ async def test_a_model_that_cannot_load_is_a_503_from_memory_and_leaks_nothing(
         api = await http.get("/api/models/damage/m/step")
         assert api.status_code == 503 and api.headers["retry-after"]
         assert (await http.get("/health")).status_code == 200
+
+
+def test_models_per_server_are_capped(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "art", args=["--max-models", "2"]).start()
+    try:
+        headers = {"Authorization": f"Bearer {server.token}"}
+        with httpx.Client(base_url=server.url, headers=headers, timeout=120) as http:
+            for name in ("a", "b", "a"):  # the third re-binds a loaded model: fine
+                body = {"name": name, "project": "cap", "base_model": "tiny-random"}
+                assert http.post("/api/models/register", json=body).status_code == 200
+            body = {"name": "c", "project": "cap", "base_model": "tiny-random"}
+            refused = http.post("/api/models/register", json=body)
+            assert refused.status_code == 409 and "--max-models" in refused.text
+    finally:
+        assert server.stop() == 0

@@ -1,5 +1,6 @@
 """The service's ASGI app: the gateway's OpenAI routes and the backend API on one port.
 
+``GET /openapi.json`` is the OpenAPI 3.1 document of both (``server.openapi``).
 Middleware, outermost first: CORS (only when origins are configured), bearer auth (when a
 token is set), body size limit, backpressure on chat completions; then ``/api/...`` goes to
 the API and everything else (``/v1/...``, ``/rollouts/{id}/v1/...``, ``/health``) to the
@@ -8,6 +9,7 @@ gateway, which loads a model registered before a restart when a request names it
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from starlette.applications import Starlette
@@ -21,6 +23,7 @@ from art_core.gateway.errors import error_body, json_response
 from art_core.server.api import ServiceAPI
 from art_core.server.auth import BearerAuth
 from art_core.server.limits import Backpressure
+from art_core.server.openapi import openapi_document
 from art_core.server.service import Service
 
 logger = logging.getLogger(__name__)
@@ -34,7 +37,11 @@ class _Dispatch:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] == "http" and (path == "/api" or path.startswith("/api/")):
+        if scope["type"] == "http" and path == "/openapi.json" and scope["method"] == "GET":
+            # Built once, off the loop (pydantic's JSON Schema generation takes ~50 ms).
+            document = await asyncio.to_thread(openapi_document)
+            await json_response(document)(scope, receive, send)
+        elif scope["type"] == "http" and (path == "/api" or path.startswith("/api/")):
             await self.api(scope, receive, send)
         else:
             await self.gateway(scope, receive, send)

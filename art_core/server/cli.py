@@ -116,6 +116,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         replica_devices=args.replica_device or None,
         ray_address=args.ray,
         drain_timeout_s=args.drain_timeout,
+        max_models=args.max_models,
         connection_limits=ConnectionLimits(
             max_connections=args.max_connections,
             max_idle_connections=args.max_idle_connections,
@@ -185,6 +186,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-base-model",
         action="append",
         help="a local model folder clients may name as base_model (embedded models always)",
+    )
+    parser.add_argument(
+        "--max-models",
+        type=_positive(int),
+        default=ServeSettings.max_models,
+        help="models loaded at once (each holds an engine); registering more is a 409",
     )
     parser.add_argument(
         "--drain-timeout",

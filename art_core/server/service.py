@@ -127,6 +127,11 @@ class Service:
                 base_model=request.base_model,
                 config=request.config,
             )
+            if len(self.models) >= self.settings.max_models:
+                raise Conflict(
+                    f"this server holds {len(self.models)} models, its limit: register "
+                    "fewer, or raise it (art-core serve --max-models)"
+                )
             failed = self._failed_loads.get(request.name)
             now = time.monotonic()
             if failed is not None and now < failed[0]:

@@ -78,6 +78,8 @@ class ServeSettings:
     replica_devices: list[str] | None = None
     ray_address: str | None = None
     default_max_tokens: int = 1024
+    # Models loaded at once (each holds an engine: weights, threads, a call record).
+    max_models: int = 16
     # A graceful stop lets training steps in progress finish this long, then cancels them.
     drain_timeout_s: float = 120.0
     # Bounds on what one training request may ask (epochs, optimizer steps, LoRA rank).

@@ -1,0 +1,193 @@
+"""The OpenAPI 3.1 document of ``art-core serve``: every route of the gateway and of ``/api``.
+
+Request bodies are the pydantic models that already validate them (``ChatCompletionRequest``,
+``RegisterRequest``, ``TrainRequest``, ...), turned into JSON Schema by pydantic, so the
+document cannot drift from what the server accepts. Served at ``GET /openapi.json`` behind the
+same bearer auth as every other route; any client generator or API fuzzer can use it (the
+test suite runs schemathesis on it).
+
+Example:
+    >>> doc = openapi_document()
+    >>> doc["openapi"], "/v1/chat/completions" in doc["paths"]
+    ('3.1.0', True)
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from art_core.gateway.schemas import ChatCompletionRequest
+from art_core.server.api import MODEL, NDJSON
+from art_core.server.schemas import (
+    DeleteCheckpointsRequest,
+    LogRequest,
+    RegisterRequest,
+    TrainRequest,
+    TrainSFTRequest,
+)
+
+# Path parameters, as the routes check them.
+NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"}
+ROLLOUT_ID = {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"}
+JOB_ID = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,80}$"}
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One route: method, path (OpenAPI template), what it does, its body model."""
+
+    method: str
+    path: str
+    summary: str
+    body: type[BaseModel] | None = None
+    query: tuple[tuple[str, dict[str, Any]], ...] = ()
+    streams: bool = False
+
+
+def _operations() -> list[Operation]:
+    chat = "Chat completion (OpenAI's protocol), recorded token-exactly"
+    operations = [Operation("get", "/health", "Liveness and the models served")]
+    for prefix, where in (("", ""), ("/rollouts/{rollout_id}", " within a rollout")):
+        operations += [
+            Operation("get", f"{prefix}/v1/models", f"The models served{where}"),
+            Operation("get", f"{prefix}/v1/models/{{model_id}}", f"One model{where}"),
+            Operation("post", f"{prefix}/v1/chat/completions", chat + where, ChatCompletionRequest),
+        ]
+    after = (("after", {"type": "integer", "minimum": 0, "maximum": 999_999_999}),)
+    return [
+        *operations,
+        Operation("get", "/api/info", "The service, its models, whether auth is on"),
+        Operation("post", "/api/models/register", "Load (or re-bind) a model", RegisterRequest),
+        Operation("get", MODEL, "A registered model"),
+        Operation("get", f"{MODEL}/step", "The model's latest step"),
+        Operation(
+            "post", f"{MODEL}/train", "One GRPO step, as a job (NDJSON progress)", TrainRequest,
+            query=after, streams=True,
+        ),
+        Operation(
+            "post", f"{MODEL}/train_sft", "Supervised epochs, as a job (NDJSON progress)",
+            TrainSFTRequest, query=after, streams=True,
+        ),
+        Operation("post", f"{MODEL}/log", "Log trajectories and metrics", LogRequest),
+        Operation(
+            "post", f"{MODEL}/delete_checkpoints", "Delete all but the latest and best",
+            DeleteCheckpointsRequest,
+        ),
+        Operation("get", f"{MODEL}/rollouts/{{rollout_id}}/calls", "A rollout's recorded calls"),
+        Operation(
+            "post", f"{MODEL}/rollouts/{{rollout_id}}/release", "Release a rollout's calls"
+        ),
+        Operation("get", "/api/jobs/{job_id}", "A training job's status and outcome"),
+        Operation(
+            "delete", "/api/jobs/{job_id}", "Cancel a training job",
+            query=(("wait", {"type": "number", "minimum": 0, "maximum": 600}),),
+        ),
+        Operation(
+            "get", "/api/jobs/{job_id}/events", "A job's progress events (NDJSON)",
+            query=after, streams=True,
+        ),
+    ]  # fmt: skip
+
+
+def _path_parameters(path: str) -> list[dict[str, Any]]:
+    schemas = {
+        "project": NAME,
+        "name": NAME,
+        "rollout_id": ROLLOUT_ID,
+        "job_id": JOB_ID,
+        "model_id": {"type": "string", "minLength": 1, "maxLength": 256},
+    }
+    return [
+        {"name": name, "in": "path", "required": True, "schema": schema}
+        for name, schema in schemas.items()
+        if f"{{{name}}}" in path
+    ]
+
+
+ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+            "required": ["message", "type"],
+        }
+    },
+    "required": ["error"],
+}
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    """The whole document (built once per process; it depends on no request)."""
+    operations = _operations()
+    models = sorted({op.body for op in operations if op.body is not None}, key=lambda m: m.__name__)
+    refs, definitions = models_json_schema(
+        [(model, "validation") for model in models], ref_template="#/components/schemas/{model}"
+    )
+    paths: dict[str, dict[str, Any]] = {}
+    for op in operations:
+        entry: dict[str, Any] = {
+            "summary": op.summary,
+            "operationId": f"{op.method}_{op.path.strip('/').replace('/', '_')}".replace(
+                "{", ""
+            ).replace("}", ""),
+            "parameters": _path_parameters(op.path)
+            + [
+                {"name": name, "in": "query", "required": False, "schema": schema}
+                for name, schema in op.query
+            ],
+            "responses": {
+                "200": {
+                    "description": "OK",
+                    "content": {NDJSON if op.streams else "application/json": {"schema": {}}},
+                },
+                "4XX": {
+                    "description": "The request's own error, named",
+                    "content": {"application/json": {"schema": ERROR}},
+                },
+                "503": {
+                    "description": "Busy or a model that cannot load now (see Retry-After)",
+                    "content": {"application/json": {"schema": ERROR}},
+                },
+            },
+        }
+        if op.body is not None:
+            entry["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": refs[(op.body, "validation")]}},
+            }
+        paths.setdefault(op.path, {})[op.method] = entry
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "art-core serve",
+            "version": _version(),
+            "description": "OpenAI-compatible gateway (token-exact capture) and training API.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": definitions.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("art-core")
+    except PackageNotFoundError:
+        return "0"
