@@ -34,6 +34,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,8 +95,9 @@ def read_art_file(art: Path, relative: str) -> str:
 
 
 def copy_example(art: Path, example: Example, into: Path) -> dict[str, str]:
-    """The example's files, unchanged, in ``into``; their texts by name."""
-    into.mkdir(parents=True, exist_ok=True)
+    """The example's files, unchanged, in ``into`` (emptied first); their texts by name."""
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
     texts = {}
     for name in example.files:
         texts[name] = read_art_file(art, f"{example.folder}/{name}")
@@ -244,6 +246,14 @@ def adapter_moved(model_dir: Path, step: int) -> bool:
     return any(np.any(value != 0) for key, value in weights.items() if "lora_B" in key)
 
 
+def objects(s3: Any, prefix: str) -> int:
+    """How many objects the bucket holds under ``prefix`` (0 while it does not exist)."""
+    try:
+        return int(s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("KeyCount", 0))
+    except s3.exceptions.NoSuchBucket:
+        return 0
+
+
 def run_example(
     name: str, example: Example, art: Path, work: Path, env: dict[str, str], s3: Any, timeout: float
 ) -> dict[str, Any]:
@@ -258,6 +268,7 @@ def run_example(
     else:
         conversations = conversations_tic_tac_toe(folder, 40, seed=0)
         stand_in = fine_tuned_stand_in("art-ttt", conversations, steps=200, learning_rate=1e-2)
+    stand_in = stand_in.resolve()  # the program runs in its own folder
     changes = []
     for file_name, text in originals.items():
         ported = port(text, str(stand_in)) if file_name == example.script else text
@@ -286,8 +297,7 @@ def run_example(
             if not example.pushes_after_train:
                 outcome = "trained"
                 break
-            listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "checkpoints/0001/")
-            if listed.get("KeyCount", 0):
+            if objects(s3, prefix + "checkpoints/0001/"):
                 outcome = "trained and pushed"
                 break
         time.sleep(2)
@@ -299,7 +309,7 @@ def run_example(
             os.killpg(process.pid, signal.SIGKILL)
     log.close()
     record = record or trained_record(model_dir)
-    pushed = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("KeyCount", 0)
+    pushed = objects(s3, prefix)
     result = {
         "example": name,
         "outcome": outcome,
