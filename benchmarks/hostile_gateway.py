@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import sqlite3
@@ -93,6 +94,11 @@ def free_port() -> int:
 
 def _spawn_server(folder: Path, port: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+
+    def common_fd_limit() -> None:  # 1024 open files, a common default
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
     with open(folder / "serve.log", "wb") as log:
         return subprocess.Popen(
             [
@@ -108,6 +114,7 @@ def _spawn_server(folder: Path, port: int) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=common_fd_limit,
         )
 
 
@@ -374,6 +381,49 @@ async def unreleased_rollouts(http: httpx.AsyncClient, url: str, tally: Tally) -
         await asyncio.gather(*(one(i) for i in range(start, start + 20)))
 
 
+async def unbounded_training(http: httpx.AsyncClient, url: str, tally: Tally) -> None:
+    """Training settings that once made a step endless (num_epochs=1e9, lora_rank=20000),
+    and ones within TrainConfig's range but beyond the server's limits: each a 4xx at once."""
+    root = url.removesuffix("/v1/chat/completions")
+    group = {"trajectories": [{"messages_and_choices": [{"role": "user", "content": "x"}]}] * 2}
+    for config in (
+        {"num_epochs": 10**9},
+        {"lora_rank": 20000},
+        {"num_epochs": 500},
+        {"optimizer_steps_per_epoch": 10**6},
+        {"lora_rank": 512},
+    ):
+        response = await post(
+            http,
+            f"{root}/api/models/hostile/{MODEL}/train",
+            {"groups": [group], "config": config},
+            tally,
+        )
+        if response is not None and response.status_code < 400:
+            tally.leaks += 1
+            tally.notes.append(f"accepted {config}")
+
+
+async def idle_connections(http: httpx.AsyncClient, url: str, tally: Tally) -> None:
+    """1100 connections that send half a request and wait (the server runs with 1024 file
+    descriptors), while the innocent requests beside them must be served."""
+    host, _, port = url.removeprefix("http://").partition("/")[0].partition(":")
+    writers = []
+    for _batch in range(11):  # 100 at a time
+        opened = await asyncio.gather(
+            *(asyncio.open_connection(host, int(port)) for _ in range(100)),
+            return_exceptions=True,
+        )
+        for item in opened:
+            tally.sent += 1
+            if isinstance(item, tuple):
+                item[1].write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+                writers.append(item[1])
+    await asyncio.sleep(3)  # the innocents run now, among the idle sockets
+    for writer in writers:
+        writer.close()
+
+
 async def main(request_timeout: float) -> None:
     folder = Path(tempfile.mkdtemp(prefix="art-hostile-"))
     target = await start_server(folder)
@@ -389,6 +439,8 @@ async def main(request_timeout: float) -> None:
             ("keep-alive after errors", keep_alive_after_errors),
             ("n=16, 60 KB / 1 MB metadata", storage_amplification(target)),
             ("400 unreleased rollouts", unreleased_rollouts),
+            ("training settings beyond bounds", unbounded_training),
+            ("1100 idle connections (ulimit 1024)", idle_connections),
         ]
         tallies = []
         for name, hostile in classes:

@@ -152,7 +152,9 @@ def system_prompt_of(rollout_source: str) -> Callable[[dict[str, Any]], str]:
 
 
 def conversations_2048(folder: Path, games: int, seed: int) -> list[list[dict[str, str]]]:
-    """Games played with random moves by ART's own 2048 code, in its prompt and format."""
+    """Whole games played with random moves by ART's own 2048 code, in its prompt and
+    format. Only ``left`` and ``up``: the board fills within a few dozen moves, so the
+    stand-in's games end (and their rewards differ) before a slip ends them at -1."""
     utils = load_module(folder / "utils.py", "art_example_2048_utils")
     prompt = system_prompt_of((folder / "rollout.py").read_text())
     random.seed(seed)
@@ -160,9 +162,9 @@ def conversations_2048(folder: Path, games: int, seed: int) -> list[list[dict[st
     for _ in range(games):
         game = utils.generate_game()
         messages = [{"role": "system", "content": prompt(game)}]
-        for _ in range(8):
+        for _ in range(200):
             messages.append({"role": "user", "content": utils.render_board(game)})
-            move = f"<move>{random.choice(['left', 'up', 'right', 'down'])}</move>"
+            move = f"<move>{random.choice(['left', 'up'])}</move>"
             messages.append({"role": "assistant", "content": move})
             utils.apply_agent_move(game, move)
             if utils.check_game_finished(game):
@@ -264,7 +266,7 @@ def run_example(
 
     if name == "2048":
         conversations = conversations_2048(folder, 16, seed=0)
-        stand_in = fine_tuned_stand_in("art-2048", conversations, steps=500, learning_rate=1e-2)
+        stand_in = fine_tuned_stand_in("art-2048", conversations, steps=1500, learning_rate=1e-2)
     else:
         conversations = conversations_tic_tac_toe(folder, 40, seed=0)
         stand_in = fine_tuned_stand_in("art-ttt", conversations, steps=200, learning_rate=1e-2)
