@@ -11,9 +11,10 @@ with four bounds (``ConnectionLimits``):
 - **body idle timeout**: a request body that stops arriving for ``body_idle_timeout_s`` is
   abandoned (the app sees a disconnect);
 - **idle-before-request cap**: at most ``max_idle_connections`` connections that have not
-  sent a first request are kept; a new one beyond that evicts the oldest of them. A real
-  client sends its request at once and leaves that pool in milliseconds, so an attacker
-  holding sockets open cannot crowd it out;
+  sent a first request are kept; beyond that, the oldest of them that has waited at least
+  ``MIN_IDLE_AGE_S`` is closed. A real client sends its request at once and leaves that pool
+  in milliseconds, so an attacker holding sockets open cannot crowd it out, and a burst of
+  real clients connecting at once (a rollout storm) is not cut;
 - **connection cap**: at most ``max_connections`` open at once (never more than the file
   descriptor limit allows, with room for the engine and files); beyond it a new connection
   first evicts an idle one, else it is closed at once.
@@ -37,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 # File descriptors kept free of connections: model files, SQLite, engine workers, logs.
 RESERVED_FDS = 128
+# An idle connection younger than this is not evicted by the idle cap (only by the
+# connection cap): it may be one of a burst of clients whose requests are on their way.
+MIN_IDLE_AGE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -69,8 +73,8 @@ class ConnectionState:
     """The open connections of one server (touched only on its event loop)."""
 
     open: set[Any] = field(default_factory=set)
-    # Connections that have not sent a first request yet, oldest first.
-    idle: OrderedDict[Any, None] = field(default_factory=OrderedDict)
+    # Connections that have not sent a first request yet, oldest first, with when they came.
+    idle: OrderedDict[Any, float] = field(default_factory=OrderedDict)
     refused: int = 0
     evicted: int = 0
     timed_out: int = 0
@@ -100,9 +104,11 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
                 return
             super().connection_made(transport)
             state.open.add(self)
-            state.idle[self] = None
+            now = self.loop.time()
+            state.idle[self] = now
             while len(state.idle) > limits.max_idle_connections:
-                _evict_oldest_idle()
+                if not _evict_oldest_idle(older_than=now - MIN_IDLE_AGE_S):
+                    break
             # The request the connection is expected to start next follows this cycle.
             self._waiting_after = self.cycle
             self._arm(limits.header_timeout_s, self._on_header_timeout)
@@ -157,10 +163,15 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
                 state.timed_out += 1
                 self.transport.close()
 
-    def _evict_oldest_idle() -> bool:
+    def _evict_oldest_idle(older_than: float | None = None) -> bool:
+        """Close the connection that has waited longest for its first request (only if it
+        came before ``older_than``); whether one was closed."""
         if not state.idle:
             return False
-        oldest, _ = state.idle.popitem(last=False)
+        oldest, since = next(iter(state.idle.items()))
+        if older_than is not None and since > older_than:
+            return False
+        del state.idle[oldest]
         state.evicted += 1
         oldest.transport.close()
         return True

@@ -4,6 +4,7 @@ and the time budget that makes runs with and without it comparable."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator
 
@@ -26,6 +27,18 @@ def scored_runs(trajectory_groups: list[art.TrajectoryGroup]) -> list[float]:
     return [t.reward for g in trajectory_groups for t in g.trajectories]
 
 
+def varied_answer_reward() -> art_mcp.RewardFn:
+    """``answer_reward`` plus a different small amount for every run: each GRPO group has a
+    signal whatever tiny-random samples, so these tests of the warm start's mechanics (which
+    step is which, what the history holds) do not depend on sampling luck."""
+    runs = itertools.count()
+
+    def reward(scenario: art_mcp.Scenario, trajectory: art.Trajectory) -> float:
+        return art_mcp.answer_reward(scenario, trajectory) + 0.001 * next(runs)
+
+    return reward
+
+
 async def test_warm_start_from_its_own_best_runs_then_grpo(
     backend: art.LocalBackend,
     shop: HttpServer,
@@ -33,6 +46,7 @@ async def test_warm_start_from_its_own_best_runs_then_grpo(
     model = art.TrainableModel(name="shop-warm", project="mcp-tests", base_model="tiny-random")
     await model.register(backend)
     scenarios = shop_scenarios()
+    varied = varied_answer_reward()
     # Every run reaches 0.0: the best run of each group is a trace, whatever was sampled.
     warm = WarmStart(traces=3, rollouts_per_scenario=2, min_reward=0.0, max_rollouts=12)
     report = await art_mcp.train(
@@ -42,7 +56,7 @@ async def test_warm_start_from_its_own_best_runs_then_grpo(
         steps=2,
         groups_per_step=2,
         rollouts_per_group=2,
-        reward_fn=art_mcp.answer_reward,
+        reward_fn=varied,
         val_scenarios=scenarios[6:8],
         val_rollouts_per_scenario=1,
         settings=SETTINGS,
@@ -71,7 +85,7 @@ async def test_warm_start_from_its_own_best_runs_then_grpo(
         steps=3,
         groups_per_step=2,
         rollouts_per_group=2,
-        reward_fn=art_mcp.answer_reward,
+        reward_fn=varied,
         val_scenarios=scenarios[6:8],
         val_rollouts_per_scenario=1,
         settings=SETTINGS,
