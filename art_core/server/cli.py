@@ -211,7 +211,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-idle-connections",
         type=_positive(int),
         default=connections.max_idle_connections,
-        help="connections that have not sent a request yet; beyond, the oldest is closed",
+        help="connections that have not sent a request yet; beyond, the oldest idle for 2 s "
+        "is closed",
     )
     parser.add_argument(
         "--header-timeout",
