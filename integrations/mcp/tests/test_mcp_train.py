@@ -3,6 +3,7 @@ or RULER (stand-in judge), checkpoints, history, resume."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -40,6 +41,19 @@ def shop_scenarios() -> list[Scenario]:
     return [Scenario.model_validate(s) for s in shop_server.scenarios()]
 
 
+def varied_answer_reward() -> art_mcp.RewardFn:
+    """``answer_reward`` plus a different small amount for every run: each GRPO group has a
+    signal whatever tiny-random samples, so these tests of the warm start's mechanics (which
+    step is which, what the history holds) do not depend on sampling luck."""
+    runs = itertools.count()
+
+    def reward(scenario: art_mcp.Scenario, trajectory: art.Trajectory) -> float:
+        # kept in [0, 1] like the answer reward itself
+        return min(1.0, art_mcp.answer_reward(scenario, trajectory) + 0.001 * (next(runs) % 100))
+
+    return reward
+
+
 async def test_train_two_steps_then_resume_for_a_third(
     backend: art.LocalBackend,
     shop: HttpServer,
@@ -49,7 +63,8 @@ async def test_train_two_steps_then_resume_for_a_third(
     run: dict[str, Any] = {
         "groups_per_step": 2,
         "rollouts_per_group": 3,
-        "reward_fn": art_mcp.answer_reward,
+        # a signal in every group, so each step trains whatever tiny-random samples
+        "reward_fn": varied_answer_reward(),
         "val_scenarios": scenarios[6:8],
         "val_rollouts_per_scenario": 1,
         "settings": SETTINGS,

@@ -4,7 +4,6 @@ and the time budget that makes runs with and without it comparable."""
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import AsyncIterator
 
@@ -12,7 +11,7 @@ import art_mcp
 import pytest
 from art_mcp import HttpServer, WarmStart, spawn_http_server
 from mcp_support import SHOP_SCRIPT
-from test_mcp_train import CONFIG, SETTINGS, shop_scenarios
+from test_mcp_train import CONFIG, SETTINGS, shop_scenarios, varied_answer_reward
 
 import art_core as art
 
@@ -25,18 +24,6 @@ async def shop() -> AsyncIterator[HttpServer]:
 
 def scored_runs(trajectory_groups: list[art.TrajectoryGroup]) -> list[float]:
     return [t.reward for g in trajectory_groups for t in g.trajectories]
-
-
-def varied_answer_reward() -> art_mcp.RewardFn:
-    """``answer_reward`` plus a different small amount for every run: each GRPO group has a
-    signal whatever tiny-random samples, so these tests of the warm start's mechanics (which
-    step is which, what the history holds) do not depend on sampling luck."""
-    runs = itertools.count()
-
-    def reward(scenario: art_mcp.Scenario, trajectory: art.Trajectory) -> float:
-        return art_mcp.answer_reward(scenario, trajectory) + 0.001 * next(runs)
-
-    return reward
 
 
 async def test_warm_start_from_its_own_best_runs_then_grpo(
