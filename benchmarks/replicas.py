@@ -2,8 +2,11 @@
 1 thread each, behind one gateway, on the same burst of rollouts.
 
 Prints, from one run, with the CPU and the dtype:
-  1. for each topology: rollouts/s, sampled tokens/s and p50/p99 rollout latency of a burst
-     of concurrent two-call rollouts (the same seeds in both), and the ratio (goal >= 1.8x);
+  1. for each burst size and topology: rollouts/s, sampled tokens/s and p50/p99 rollout
+     latency of a burst of concurrent two-call rollouts (the same seeds in both), and the
+     ratio (goal >= 1.8x). Replicas pay off once one engine is full: below its batch size
+     (32 rows), one engine decodes a bigger batch at almost the cost of a smaller one, so the
+     burst sizes run from one engine's batch (32) to both replicas' batches and beyond;
   2. the router's own cost per call: the time of its routing decision, and a call through the
      router vs the same call sent straight to the replica it picked (interleaved), p50
      (goal < 1 ms).
@@ -12,7 +15,8 @@ Both topologies run their replicas as engine workers (``LocalBackend(replicas=N,
 threads_per_replica=1)``: a process per replica, pinned to its own core), so the only
 difference is the number of replicas.
 
-Usage: bash run.sh bench replicas [--base-model smollm2-135m] [--rollouts 32] [--max-tokens 32]
+Usage: bash run.sh bench replicas [--base-model smollm2-135m] [--rollouts 32 64 128]
+                                  [--max-tokens 32]
 """
 
 from __future__ import annotations
@@ -129,8 +133,14 @@ async def routing_cost(
 
 
 async def topology(
-    path: Path, base_model: str, replicas: int, rollouts: int, max_tokens: int, calls: int
-) -> tuple[dict[str, float], dict[str, float] | None]:
+    path: Path,
+    base_model: str,
+    replicas: int,
+    bursts: list[int],
+    max_tokens: int,
+    calls: int,
+) -> tuple[dict[int, dict[str, float]], dict[str, float] | None]:
+    """One backend with ``replicas`` engine workers; each burst size measured on it in turn."""
     async with art.LocalBackend(path=path, replicas=replicas, threads_per_replica=1) as backend:
         model = art.TrainableModel(
             name=f"bench-{replicas}", project="replicas", base_model=base_model
@@ -138,8 +148,8 @@ async def topology(
         await model.register(backend)
         router = backend.engine(model)
         assert isinstance(router, ReplicaRouter)
-        await burst(model, max(2, rollouts // 4), max_tokens)  # warm-up
-        measured = await burst(model, rollouts, max_tokens)
+        await burst(model, max(2, min(bursts) // 4), max_tokens)  # warm-up
+        measured = {rollouts: await burst(model, rollouts, max_tokens) for rollouts in bursts}
         cost = await routing_cost(backend, router, calls) if replicas > 1 else None
         return measured, cost
 
@@ -147,14 +157,16 @@ async def topology(
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base-model", default="smollm2-135m")
-    parser.add_argument("--rollouts", type=int, default=32)
+    parser.add_argument(
+        "--rollouts", type=int, nargs="+", default=[32, 64, 128], help="burst sizes"
+    )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--calls", type=int, default=50, help="calls for the routing cost")
     args = parser.parse_args()
     from art_core.device import serving_dtype
 
     print(
-        f"CPU: {cpu_model()}, serving dtype {serving_dtype('cpu')}; base model {args.base_model}; {args.rollouts} concurrent two-call rollouts, max_tokens {args.max_tokens}"
+        f"CPU: {cpu_model()}, serving dtype {serving_dtype('cpu')}; base model {args.base_model}; bursts of {args.rollouts} concurrent two-call rollouts, max_tokens {args.max_tokens}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         one, _ = await topology(
@@ -165,17 +177,23 @@ async def main() -> None:
         )
     print()
     print(
-        f"{'topology':<34} {'rollouts/s':>10} {'tokens/s':>9} {'p50 s':>7} {'p99 s':>7} {'wall s':>7}"
+        f"{'burst':>5}  {'topology':<24} {'rollouts/s':>10} {'tokens/s':>9} {'p50 s':>7} "
+        f"{'p99 s':>7} {'wall s':>7}"
     )
-    for name, row in (("1 replica x 1 thread", one), ("2 replicas x 1 thread", two)):
+    for rollouts in args.rollouts:
+        for name, row in (("1 replica x 1 thread", one), ("2 replicas x 1 thread", two)):
+            measured = row[rollouts]
+            print(
+                f"{rollouts:>5}  {name:<24} {measured['rollouts_per_s']:>10.2f} "
+                f"{measured['tokens_per_s']:>9.1f} {measured['p50_s']:>7.2f} "
+                f"{measured['p99_s']:>7.2f} {measured['wall_s']:>7.1f}"
+            )
         print(
-            f"{name:<34} {row['rollouts_per_s']:>10.2f} {row['tokens_per_s']:>9.1f} "
-            f"{row['p50_s']:>7.2f} {row['p99_s']:>7.2f} {row['wall_s']:>7.1f}"
+            f"{rollouts:>5}  {'ratio (2 / 1)':<24} "
+            f"{two[rollouts]['rollouts_per_s'] / one[rollouts]['rollouts_per_s']:>9.2f}x "
+            f"{two[rollouts]['tokens_per_s'] / one[rollouts]['tokens_per_s']:>8.2f}x"
+            "   (goal >= 1.8x rollouts/s)"
         )
-    print(
-        f"{'ratio (2 / 1)':<34} {two['rollouts_per_s'] / one['rollouts_per_s']:>9.2f}x "
-        f"{two['tokens_per_s'] / one['tokens_per_s']:>8.2f}x   (goal >= 1.8x rollouts/s)"
-    )
     if cost is not None:
         print()
         print(f"routing decision p50: {cost['decision_p50_ms'] * 1000:.1f} us")

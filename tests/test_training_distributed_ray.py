@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
 from distributed_support import (
     FAST,
     adapter,
@@ -23,15 +21,6 @@ from art_core.embedded import resolve_base_model
 from art_core.model_folder import ModelFolder
 from art_core.training import Trainer
 from art_core.training.distributed import DistributedTrainer, TrainingWorld, TrainingWorldError
-
-
-@pytest.fixture
-def local_ray_cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def test_a_ray_actor_group_trains_like_one_rank_and_survives_a_killed_rank(

@@ -20,8 +20,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from art_core.engines.base import EngineError
 from art_core.engines.replicas import ReplicaSpec
 from art_core.engines.tokenizer import ChatTokenizer
@@ -127,15 +125,18 @@ class RayWorkerEngine(WorkerClient):
         health_interval_s: float = 1.0,
         unresponsive_after_s: float = 60.0,
     ) -> None:
-        super().__init__(max_loras=max_loras, name=f"engine replica {spec.index} (Ray)")
+        super().__init__(
+            max_loras=max_loras,
+            name=f"engine replica {spec.index} (Ray)",
+            health_interval_s=health_interval_s,
+            unresponsive_after_s=unresponsive_after_s,
+        )
         self.model_path = Path(model_path)
         self.spec = spec
         self.placement = placement
         self.dtype = dtype
         self.max_batch_size = max_batch_size
         self.startup_timeout_s = startup_timeout_s
-        self.health_interval_s = health_interval_s
-        self.unresponsive_after_s = unresponsive_after_s
         self.tokenizer = chat.tokenizer
         self._eos_ids = chat.eos_token_ids
         self.context_length = chat.context_length
@@ -212,32 +213,25 @@ class RayWorkerEngine(WorkerClient):
         self._ready.set()
         self._watcher = asyncio.create_task(self._watch(), name=f"art-{self.name}-watch")
 
-    async def _watch(self) -> None:
-        last_answer = time.monotonic()
+    def _expected_pid(self) -> int | None:
+        return self.actor_pid
+
+    async def _recover(self, hung: bool) -> None:
+        """Ray restarts a dead actor by itself; a hung one is killed first (Ray restarts it
+        too). Then wait for it, take its new address and load its adapters again."""
+        if hung:
+            self.kill()
         while not self._closing:
-            await asyncio.sleep(self.health_interval_s)
             try:
-                async with httpx.AsyncClient(base_url=self.url) as probe:
-                    response = await probe.get("/health", timeout=self.health_interval_s * 5)
-                if response.status_code == 200:
-                    last_answer = time.monotonic()
-                    continue
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() - last_answer < min(5.0, self.unresponsive_after_s):
+                await self._reach()
+                await self._reload_adapters()
+            except EngineError as exc:
+                logger.warning("%s: %s; trying again", self.name, exc)
+                await asyncio.sleep(1.0)
                 continue
-            self._ready.clear()
-            logger.warning("%s stopped answering; waiting for Ray to restart it", self.name)
-            while not self._closing:
-                try:
-                    await self._reach()
-                    await self._reload_adapters()
-                    break
-                except EngineError as exc:
-                    logger.warning("%s: %s; trying again", self.name, exc)
-                    await asyncio.sleep(1.0)
             self._ready.set()
-            last_answer = time.monotonic()
+            logger.info("%s is back (pid %s)", self.name, self.actor_pid)
+            return
 
     def kill(self) -> None:
         """Kill the actor (Ray restarts it): what a crashed replica looks like."""

@@ -1,12 +1,14 @@
 """``WorkerEngine``: an engine worker process (``engines/worker.py``), started, watched and
 restarted from the gateway's side, reached over the token-id completion protocol.
 
-While the worker runs, calls go to it over HTTP (``HTTPEngine``). When it dies (or stops
-answering its health check for ``unresponsive_after_s``), the calls it had fail with
+While the worker runs, calls go to it over HTTP (``HTTPEngine``). When it dies (its process
+exits, its port refuses connections, its health check answers from another process, or it
+stops answering for ``unresponsive_after_s``), the calls it had fail with
 ``EngineUnavailable`` (503, nothing recorded), ``available`` turns false so a router sends
-new calls elsewhere, and the process is started again with every adapter it served, in
-order; then it is available again. Adapters loaded while it is down are loaded when it
-comes back.
+new calls elsewhere, and it is brought back with every adapter it served, in order; then it
+is available again. Adapters loaded while it is down are loaded when it comes back. The
+watch loop (``WorkerClient._watch``) is shared by every way of running a worker; how a
+worker is found gone and brought back is each one's own (``_gone``, ``_recover``).
 """
 
 from __future__ import annotations
@@ -40,12 +42,87 @@ class WorkerClient(HTTPEngine):
     child process, a Ray actor): calls only while it is ready, adapters remembered while it
     is down and loaded again, in order, when it is back; the exact top-logprob count."""
 
-    def __init__(self, *, max_loras: int, name: str) -> None:
+    def __init__(
+        self,
+        *,
+        max_loras: int,
+        name: str,
+        health_interval_s: float = 1.0,
+        unresponsive_after_s: float = 60.0,
+    ) -> None:
         super().__init__(max_loras=max_loras, name=name)
+        self.health_interval_s = health_interval_s
+        self.unresponsive_after_s = unresponsive_after_s
         self._ready = asyncio.Event()
+        self._check_soon = asyncio.Event()  # a call could not connect: probe now
         self._watcher: asyncio.Task[None] | None = None
         self._closing = False
         self.restarts = 0
+
+    # ----------------------------------------------------------------------------- watching
+    def _gone(self) -> str | None:
+        """Why the worker is known to be gone without asking it (None: ask its health)."""
+        return None
+
+    def _expected_pid(self) -> int | None:
+        """The pid the worker's health check must report (None: any)."""
+        return None
+
+    async def _recover(self, hung: bool) -> None:
+        """Bring the worker back with its adapters (``hung``: it still runs but does not
+        answer, so it must be stopped first). Returns once it serves again, or on close."""
+        raise NotImplementedError
+
+    async def _probe(self, client: httpx.AsyncClient) -> tuple[bool, str | None]:
+        """Ask the worker's health: (answered, why it is gone). A refused connection (nothing
+        listens on its port) or an answer from another process means gone at once; a
+        timeout or an error status only counts towards ``unresponsive_after_s``."""
+        try:
+            response = await client.get(
+                f"{self.url}/health", timeout=max(1.0, self.health_interval_s * 5)
+            )
+        except httpx.ConnectError:
+            return False, "refuses connections"
+        except httpx.HTTPError:
+            return False, None
+        if response.status_code != 200:
+            return False, None
+        expected = self._expected_pid()
+        try:
+            pid = response.json().get("pid")
+        except (ValueError, AttributeError):
+            pid = None
+        if expected is not None and isinstance(pid, int) and pid != expected:
+            # e.g. restarted in place on the same port, without the adapters it served
+            return False, f"answers from another process (pid {pid}, not {expected})"
+        return True, None
+
+    async def _watch(self) -> None:
+        """Bring the worker back whenever it is gone or stops answering its health check."""
+        last_answer = time.monotonic()
+        async with httpx.AsyncClient() as probe:
+            while not self._closing:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._check_soon.wait(), self.health_interval_s)
+                self._check_soon.clear()
+                reason = self._gone()
+                hung = False
+                if reason is None:
+                    answered, reason = await self._probe(probe)
+                    if answered:
+                        last_answer = time.monotonic()
+                        continue
+                    if reason is None:
+                        silent = time.monotonic() - last_answer
+                        if silent < self.unresponsive_after_s:
+                            continue
+                        reason, hung = f"did not answer its health check for {silent:.0f} s", True
+                if self._closing:
+                    return
+                self._ready.clear()
+                logger.warning("%s %s; bringing it back", self.name, reason)
+                await self._recover(hung)
+                last_answer = time.monotonic()
 
     async def _stop_watching(self) -> None:
         """Closing: no more calls, no more restarts, the HTTP client closed."""
@@ -94,7 +171,12 @@ class WorkerClient(HTTPEngine):
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
         if not self._ready.is_set():
             raise EngineUnavailable(f"the {self.name} is restarting")
-        return await super().generate(request)
+        try:
+            return await super().generate(request)
+        except EngineUnavailable as exc:
+            if isinstance(exc.__cause__, httpx.TransportError):
+                self._check_soon.set()  # do not wait for the next health tick to find out
+            raise
 
 
 class WorkerEngine(WorkerClient):
@@ -124,7 +206,12 @@ class WorkerEngine(WorkerClient):
         unresponsive_after_s: float = 60.0,
         health_interval_s: float = 1.0,
     ) -> None:
-        super().__init__(max_loras=max_loras, name=f"engine worker {index}")
+        super().__init__(
+            max_loras=max_loras,
+            name=f"engine worker {index}",
+            health_interval_s=health_interval_s,
+            unresponsive_after_s=unresponsive_after_s,
+        )
         self.model_path = Path(model_path)
         self.log_dir = Path(log_dir)
         self.index = index
@@ -134,8 +221,6 @@ class WorkerEngine(WorkerClient):
         self.cpus = list(cpus) if cpus else None
         self.max_batch_size = max_batch_size
         self.startup_timeout_s = startup_timeout_s
-        self.unresponsive_after_s = unresponsive_after_s
-        self.health_interval_s = health_interval_s
         self._chat = chat
         self._server: ServerProcess | None = None
         self.started_at = 0.0
@@ -213,31 +298,18 @@ class WorkerEngine(WorkerClient):
             self._server.kill()
 
     # ----------------------------------------------------------------------------- watching
-    async def _watch(self) -> None:
-        """Restart the worker when it exits or stops answering its health check."""
-        assert self._server is not None
-        last_answer = time.monotonic()
-        async with httpx.AsyncClient(base_url=self.url) as probe:
-            while not self._closing:
-                await asyncio.sleep(self.health_interval_s)
-                if self._server.alive():
-                    try:
-                        response = await probe.get("/health", timeout=self.health_interval_s * 5)
-                        if response.status_code == 200:
-                            last_answer = time.monotonic()
-                            continue
-                    except httpx.HTTPError:
-                        pass
-                    if time.monotonic() - last_answer < self.unresponsive_after_s:
-                        continue
-                    logger.warning("%s stopped answering; restarting it", self.name)
-                    self._server.kill()
-                else:
-                    logger.warning(
-                        "%s exited (code %s); restarting it", self.name, self._exit_code()
-                    )
-                await self._restart()
-                last_answer = time.monotonic()
+    def _gone(self) -> str | None:
+        if self._server is not None and not self._server.alive():
+            return f"exited (code {self._exit_code()})"
+        return None
+
+    def _expected_pid(self) -> int | None:
+        return self.pid
+
+    async def _recover(self, hung: bool) -> None:
+        if self._server is not None and self._server.alive():
+            self._server.kill()  # hung, or its server is gone while the process lingers
+        await self._restart()
 
     def _exit_code(self) -> Any:
         process = self._server.process if self._server is not None else None
