@@ -270,8 +270,10 @@ class S3Folder:
         an existing one is left as it is (checkpoints never change once written)."""
         target = self.folder.checkpoints / name
         if target.exists():
-            (report.unchanged if ModelFolder.is_complete(target) else report.skipped).extend(keys)
-            if not ModelFolder.is_complete(target):
+            if ModelFolder.is_complete(target):
+                report.unchanged.extend(keys)
+            else:
+                report.skipped.extend(keys)
                 logger.warning("%s exists locally but is incomplete: not overwritten", target)
             return
         self.folder.checkpoints.mkdir(parents=True, exist_ok=True)

@@ -738,6 +738,21 @@ class _BatchState:
             self.cache.batch_select_indices(index)
         self.rows = [self.rows[j] for j in keep]
         self.attention, self.positions = self.attention[index], self.positions[index]
+        if keep:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Drop the leading columns no row attends to any more (the padding left by rows
+        that finished). A batch that lives on while rows come and go, as under a queue of
+        rollouts, would otherwise attend over (and copy) a cache that only ever widens: one
+        column per decode step since the batch began. Positions are per row, so they hold."""
+        first = int(self.attention.any(dim=0).int().argmax())  # first column in use
+        if first == 0:
+            return
+        self.attention = self.attention[:, first:]
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[:, :, first:, :]
+            layer.values = layer.values[:, :, first:, :]
 
     def step(self, model: Any, next_ids: torch.Tensor) -> None:
         """Feed each row its sampled token; compute the next logits."""

@@ -219,7 +219,8 @@ class DistributedTrainer(Trainer):
         while len(results) + len(failures) < group.size:
             # A cancelled step ends the world (the ranks are formed again on the next step):
             # the caller's except clause stops the group and removes the staging folder.
-            if op == "train":
+            # (The step in force is read from disk only once a cancel is seen.)
+            if op == "train" and self._cancel is not None and self._cancel.is_set():
                 raise_if_cancelled(self._cancel, self.latest_step())
             if failures and deadline is None:
                 deadline = time.monotonic() + FAILURE_GRACE_S
