@@ -2,9 +2,10 @@
 
 Routing, per call (``GenerationRequest.route_key`` is the rollout id; None on plain ``/v1``):
 
-- **Sticky.** Every call of a rollout goes to the replica that served its first call: the
-  rollout's prefix is in that replica's cache (vLLM's prefix cache; the transformers
-  engine's batch), and the gateway's splice of sampled ids is exact whichever replica runs
+- **Sticky.** Every call of a rollout goes to the replica that served its first call, so an
+  engine with a prefix cache (vLLM's) finds the rollout's prefix there (the transformers
+  engine has no cache across calls yet: stickiness keeps a rollout on one replica and one
+  adapter history). The gateway's splice of sampled ids is exact whichever replica runs
   it, since prompts are built from the recorded ids, not from a replica's state.
 - **Least loaded.** A new rollout (or a call without a key) goes to the live replica with
   the fewest tokens in flight (prompt + ``n * max_tokens`` of every call sent and not
