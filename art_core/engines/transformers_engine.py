@@ -10,6 +10,7 @@ logprob as it happens.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 from collections import OrderedDict, deque
@@ -157,6 +158,7 @@ class TransformersEngine(ServesAdapters):
         model.eval()
         self.tokenizer = chat.tokenizer
         self._base_model = self.model = model
+        self._cache_keyword = cache_keyword(model)
         if packing_supported(self.device, self.dtype):
             packed = pack_linears(model)
             logger.debug("pre-packed %d linear layers for oneDNN", packed)
@@ -591,9 +593,9 @@ class TransformersEngine(ServesAdapters):
             input_ids=input_ids,
             attention_mask=attention,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self._cache_keyword: cache},
         )
         return _BatchState(rows, cache, attention, positions[:, -1], out.logits[:, -1, :].float())
 
@@ -620,7 +622,7 @@ class TransformersEngine(ServesAdapters):
             state.select(keep)
             if keep:
                 self._use_rows(state.rows)
-                state.step(self.model, next_ids[keep])
+                state.step(self.model, next_ids[keep], self._cache_keyword)
             new_rows: list[_Row] = []
             while not new_rows and not self._paused:
                 newcomers = self._take_batch(key, self.max_batch_size - len(keep))
@@ -754,7 +756,7 @@ class _BatchState:
             layer.keys = layer.keys[:, :, first:, :]
             layer.values = layer.values[:, :, first:, :]
 
-    def step(self, model: Any, next_ids: torch.Tensor) -> None:
+    def step(self, model: Any, next_ids: torch.Tensor, cache_keyword: str) -> None:
         """Feed each row its sampled token; compute the next logits."""
         self.attention = torch.cat(
             [self.attention, self.attention.new_ones((len(self.rows), 1))], dim=1
@@ -764,8 +766,8 @@ class _BatchState:
             input_ids=next_ids.unsqueeze(1).to(self.attention.device),
             attention_mask=self.attention,
             position_ids=self.positions.unsqueeze(1),
-            past_key_values=self.cache,
             use_cache=True,
+            **{cache_keyword: self.cache},
         )
         self.logits = out.logits[:, -1, :].float()
 
@@ -787,6 +789,19 @@ class _BatchState:
         self.positions = torch.cat([self.positions, other.positions], dim=0)
         self.logits = torch.cat([self.logits, other.logits], dim=0)
         return self
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword a model's ``forward`` takes its KV cache by: ``cache`` since transformers
+    5.2x (``past_key_values`` still works there, deprecated, and goes in 5.40), else
+    ``past_key_values``.
+
+    Example:
+        >>> cache_keyword(AutoModelForCausalLM.from_pretrained(path))  # doctest: +SKIP
+        'cache'
+    """
+    parameters = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def _resolve(pending: _Pending, outcome: list[GenerationResult] | BaseException) -> None:
