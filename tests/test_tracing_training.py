@@ -23,7 +23,9 @@ PROMPTS = [
     "What year comes after 1999?",
 ]
 GROUP_SIZE = 8
-MAX_STEPS = 12
+# Room to learn: the loop stops at TARGET (usually within 12 steps); a slow but rising run
+# still gets there instead of failing on the luck of its samples.
+MAX_STEPS = 25
 TARGET = 0.5
 CONFIG = TrainConfig(
     learning_rate=2e-2,
@@ -39,13 +41,14 @@ def digit_share(text: str) -> float:
     return min(sum(c.isdigit() for c in text), 6) / 6
 
 
-async def rollout(model: art.TrainableModel, prompt: str) -> art.Trajectory:
+async def rollout(model: art.TrainableModel, prompt: str, seed: int) -> art.Trajectory:
     async with art.capture(model, metadata={"prompt": prompt}) as run:
         response = await run.openai_client().chat.completions.create(
             model=run.model_name,
             messages=[{"role": "user", "content": prompt}],
             max_tokens=6,
             temperature=1.0,
+            seed=seed,  # a fixed sampling schedule: the run is the same every time
         )
     return run.trajectory(reward=digit_share(response.choices[0].message.content or ""))
 
@@ -79,8 +82,11 @@ async def test_a_traced_training_run_plots_a_rising_reward_curve(
             while True:
                 groups = await art.gather_trajectory_groups(
                     (
-                        art.TrajectoryGroup(rollout(model, p) for _ in range(GROUP_SIZE))
-                        for p in PROMPTS
+                        art.TrajectoryGroup(
+                            rollout(model, prompt, seed=1000 * steps + GROUP_SIZE * p + i)
+                            for i in range(GROUP_SIZE)
+                        )
+                        for p, prompt in enumerate(PROMPTS)
                     ),
                     pbar_desc=None,
                 )
