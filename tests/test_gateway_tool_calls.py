@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from art_core.gateway.tool_calls import parse_tool_calls
+from art_core.chat_formats.hermes import HermesFormat
 
 WHOLE = '{"name": "place_order", "arguments": {"order": {"lines": [{"sku": "pen"}]}}}'
 
 
 @pytest.mark.parametrize("cut", ["", "\n", "\n<", "\n</tool", "\n</tool_call"])
 def test_a_call_cut_in_its_closing_tag_keeps_exactly_its_arguments(cut: str) -> None:
-    parsed = parse_tool_calls(f"<tool_call>\n{WHOLE}{cut}", {"place_order"})
+    parsed = HermesFormat().parse(f"<tool_call>\n{WHOLE}{cut}", {"place_order": {}})
     assert parsed.content is None and parsed.truncated
     [call] = parsed.tool_calls
     assert call["function"]["name"] == "place_order"
@@ -21,6 +21,8 @@ def test_a_call_cut_in_its_closing_tag_keeps_exactly_its_arguments(cut: str) -> 
 
 
 def test_a_call_cut_in_its_arguments_keeps_the_prefix() -> None:
-    parsed = parse_tool_calls('<tool_call>\n{"name": "f", "arguments": {"x": {"y": 1', {"f"})
+    parsed = HermesFormat().parse(
+        '<tool_call>\n{"name": "f", "arguments": {"x": {"y": 1', {"f": {}}
+    )
     [call] = parsed.tool_calls
     assert parsed.truncated and call["function"]["arguments"] == '{"x": {"y": 1'

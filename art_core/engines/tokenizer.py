@@ -1,15 +1,27 @@
-"""Loading a chat tokenizer the same way for every engine: template with tools, end tokens."""
+"""Loading a chat tokenizer the same way for every engine: template with tools, end tokens,
+and the chat format (tool calls, reasoning) of the model's family."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from art_core.chat_formats import ChatFormat, chat_format_for
 from art_core.embedded.templates import tool_chat_template
 
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
+# Tokens that end an assistant turn in the families served: ChatML, Llama 3 (<|eom_id|> after
+# a tool call), gpt-oss (<|return|>, <|call|>), Gemma (<end_of_turn>).
+END_OF_TURN_TOKENS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|return|>",
+    "<|call|>",
+    "<end_of_turn>",
+)
 
 
 @dataclass
@@ -25,10 +37,23 @@ class ChatTokenizer:
     pad_token_id: int
     context_length: int
     vocab_size: int = 0
+    # How the model writes tool calls and reasoning (detected, or named at load).
+    format: ChatFormat = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.format is None:
+            self.format = chat_format_for(self.tokenizer)
 
 
-def load_chat_tokenizer(model_path: Path) -> ChatTokenizer:
-    """The model folder's tokenizer, with a tool-capable template and its end-of-turn ids.
+def load_chat_tokenizer(
+    model_path: Path,
+    *,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
+) -> ChatTokenizer:
+    """The model folder's tokenizer, with a tool-capable template, its end-of-turn ids and
+    its chat format (``tool_call_parser`` / ``reasoning_parser`` name one, as vLLM's flags
+    do; by default it is detected from the template and tokenizer).
 
     A model whose own template cannot render tools gets the shipped ChatML tool template, so
     every engine renders prompts identically.
@@ -62,4 +87,9 @@ def load_chat_tokenizer(model_path: Path) -> ChatTokenizer:
     context = int(config.get("max_position_embeddings") or 2048)
     vocab = max(len(tokenizer), int(config.get("vocab_size") or 0))
     pad = tokenizer.pad_token_id
-    return ChatTokenizer(tokenizer, eos, pad if pad is not None else min(eos), context, vocab)
+    chat_format = chat_format_for(
+        tokenizer, tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser
+    )
+    return ChatTokenizer(
+        tokenizer, eos, pad if pad is not None else min(eos), context, vocab, chat_format
+    )

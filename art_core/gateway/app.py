@@ -54,7 +54,9 @@ class ServedModel:
     prompts: PromptBuilder = field(init=False)
 
     def __post_init__(self) -> None:
-        self.prompts = PromptBuilder(self.chat.tokenizer, self.chat.eos_token_ids)
+        self.prompts = PromptBuilder(
+            self.chat.tokenizer, self.chat.eos_token_ids, chat_format=self.chat.format
+        )
 
     @property
     def tokenizer(self) -> Any:

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from art_core.chat_formats import ChatFormat, chat_format_for
 from art_core.trajectories import LLMCall
 
 
@@ -43,6 +44,10 @@ def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
         normalized["name"] = message["name"]
     if message.get("tool_call_id"):
         normalized["tool_call_id"] = message["tool_call_id"]
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if message["role"] == "assistant" and isinstance(reasoning, str) and reasoning:
+        # Templates of thinking models render it (Qwen3: after the last user turn).
+        normalized["reasoning_content"] = reasoning
     if message.get("tool_calls"):
         normalized["tool_calls"] = [
             {
@@ -97,9 +102,12 @@ class PromptBuilder:
         tokenizer: Any,
         eos_token_ids: set[int],
         *,
+        chat_format: ChatFormat | None = None,
         render_cache_chars: int = 32 * 1024 * 1024,
     ) -> None:
         self.tokenizer = tokenizer
+        # Where an assistant turn ends in a rendered history is the format's to say.
+        self.chat_format = chat_format or chat_format_for(tokenizer)
         # Rendered prompts by content, newest last, at most render_cache_chars in all (a text
         # over a sixteenth of it is not kept).
         self._rendered: OrderedDict[bytes, str] = OrderedDict()
@@ -121,10 +129,18 @@ class PromptBuilder:
         vocab = self.tokenizer.get_vocab()
         return max((len(token) for token in vocab), default=1)
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        """The prompt text of ``messages`` (normalized) with ``tools``, from the cache when
-        this conversation state was rendered before."""
-        key = hashlib.blake2b(orjson.dumps([messages, tools or None]), digest_size=16).digest()
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The prompt text of ``messages`` (normalized) with ``tools`` (and the request's
+        ``chat_template_kwargs``, e.g. Qwen3's ``enable_thinking``), from the cache when this
+        conversation state was rendered before."""
+        key = hashlib.blake2b(
+            orjson.dumps([messages, tools or None, template_kwargs or None]), digest_size=16
+        ).digest()
         with self._lock:
             text = self._rendered.get(key)
             if text is not None:
@@ -132,7 +148,11 @@ class PromptBuilder:
                 return text
         text = str(
             self.tokenizer.apply_chat_template(
-                messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+                messages,
+                tools=tools or None,
+                add_generation_prompt=True,
+                tokenize=False,
+                **(template_kwargs or {}),
             )
         )
         if len(text) > self._render_cache_chars // 16:
@@ -157,11 +177,12 @@ class PromptBuilder:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         history: Sequence[LLMCall] = (),
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """Prompt ids for ``messages`` (normalized), reusing the ids of a call it continues."""
-        full = self.render(messages, tools)
+        full = self.render(messages, tools, template_kwargs)
         for previous in sorted(history, key=lambda c: len(c.messages), reverse=True):
-            spliced = self._splice(messages, tools, full, previous)
+            spliced = self._splice(messages, tools, full, previous, template_kwargs)
             if spliced is not None:
                 return spliced
         return self.encode(full)
@@ -172,6 +193,7 @@ class PromptBuilder:
         tools: list[dict[str, Any]] | None,
         full: str,
         previous: LLMCall,
+        template_kwargs: dict[str, Any] | None,
     ) -> list[int] | None:
         k = len(previous.messages)
         if len(messages) <= k or (previous.tools or None) != (tools or None):
@@ -180,14 +202,18 @@ class PromptBuilder:
             messages[k], previous.response_message
         ):
             return None
-        before = self.render(previous.messages, tools)
+        if (previous.request_params.get("chat_template_kwargs") or None) != (
+            template_kwargs or None
+        ):
+            return None
+        before = self.render(previous.messages, tools, template_kwargs)
         if not full.startswith(before):
             return None  # the template rewrote history; fall back to plain encoding
         # Where the answer's turn ends in the re-rendered text, and with which end token.
-        ends = [(i, eos) for eos in self._eos_texts if (i := full.find(eos, len(before))) >= 0]
-        if not ends:
+        found = self.chat_format.turn_end(full, len(before), self._eos_texts)
+        if found is None:
             return None
-        end, turn_end = min(ends, key=lambda found: found[0])
+        end, turn_end = found
         sampled = previous.completion_token_ids
         if sampled and sampled[-1] in self.eos_token_ids:
             # The model closed its turn itself (with whichever end token it chose).

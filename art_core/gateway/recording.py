@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
+from art_core.chat_formats import ParsedAnswer
 from art_core.engines.base import GenerationRequest, GenerationResult, TokenCallback
 from art_core.gateway.requests import PreparedCall
-from art_core.gateway.tool_calls import parse_tool_calls
 from art_core.trajectories import LLMCall
 
 
@@ -47,20 +47,18 @@ async def sample_and_record(
 def to_llm_call(
     call: PreparedCall, result: GenerationResult, started: float, latency: float
 ) -> LLMCall:
-    """The record of one choice: ids, logprobs, text, the parsed message and its finish."""
+    """The record of one choice: ids, logprobs, text, the parsed message and its finish.
+
+    The answer is read in the model's own chat format (``served.chat.format``): reasoning,
+    tool calls in the family's markup, or (lenient) bare call JSON, which is noted in the
+    call's metadata as ``tool_call_parser: "bare_json"``."""
     tokenizer = call.served.tokenizer
-    text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
-    if result.stop_string and result.stop_string in text:
-        text = text[: text.index(result.stop_string)]
+    answer = parse_answer(call, result)
+    message = answer.message()
     finish = result.finish_reason
-    if call.parses_tools:
-        names = {t["function"]["name"] for t in call.tools or []}
-        parsed = parse_tool_calls(text, names)
-        message = parsed.message()
-        if parsed.tool_calls and finish == "stop" and not parsed.truncated:
-            finish = "tool_calls"
-    else:
-        message = {"role": "assistant", "content": text}
+    if answer.tool_calls and finish == "stop" and not answer.truncated:
+        finish = "tool_calls"
+    parsed_by = {"tool_call_parser": answer.parser} if answer.tool_calls else {}
     return LLMCall(
         rollout_id=call.rollout_id,
         index=call.index,
@@ -81,6 +79,22 @@ def to_llm_call(
         latency_s=latency,
         metadata={
             **call.metadata,
+            **parsed_by,
             **({"top_logprobs": result.top_logprobs} if result.top_logprobs else {}),
         },
+    )
+
+
+def parse_answer(call: PreparedCall, result: GenerationResult) -> ParsedAnswer:
+    """The answer one choice's ids make, in the served model's chat format (a stop string
+    that ended it is cut first)."""
+    chat_format = call.served.chat.format
+    text = chat_format.decode(result.token_ids, parses_tools=call.parses_tools)
+    if result.stop_string and result.stop_string in text:
+        text = text[: text.index(result.stop_string)]
+    return chat_format.parse(
+        text,
+        call.tools,
+        parses_tools=call.parses_tools,
+        opened_reasoning=call.opened_reasoning,
     )

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from pydantic import ValidationError
 
+from art_core.chat_formats import ChatFormat
 from art_core.engines.base import SamplingParams
 from art_core.gateway.body import parse_json_object
 from art_core.gateway.errors import APIError, validation_message
-from art_core.gateway.grammar import json_grammar, tool_call_grammar
+from art_core.gateway.grammar import json_grammar
 from art_core.gateway.prompts import normalize_message
 from art_core.gateway.schemas import (
     ChatCompletionRequest,
@@ -73,6 +74,8 @@ class PreparedCall:
     adapter: str | None
     index: int = 0
     clock: StageClock | None = None  # where the time goes, when the gateway records it
+    # The prompt ends inside a reasoning block (the answer starts in it).
+    opened_reasoning: bool = False
 
     @property
     def parses_tools(self) -> bool:
@@ -173,15 +176,26 @@ def request_metadata(
     return metadata
 
 
-def grammar_for(chat: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> str | None:
-    """The grammar every choice must follow (forced tool calls, JSON output), or None."""
+def grammar_for(
+    chat: ChatCompletionRequest,
+    tools: list[dict[str, Any]] | None,
+    chat_format: ChatFormat,
+    *,
+    opened_reasoning: bool = False,
+) -> str | None:
+    """The grammar every choice must follow (forced tool calls in the model's own format,
+    JSON output), or None."""
     try:
         if tools and isinstance(chat.tool_choice, NamedToolChoice):
             name = chat.tool_choice.function["name"]
             chosen = [t for t in tools if t["function"]["name"] == name]
-            return tool_call_grammar(chosen, parallel=False)
+            return chat_format.tool_call_grammar(
+                chosen, parallel=False, opened_reasoning=opened_reasoning
+            )
         if tools and chat.tool_choice == "required":
-            return tool_call_grammar(tools, parallel=chat.parallel_tool_calls)
+            return chat_format.tool_call_grammar(
+                tools, parallel=chat.parallel_tool_calls, opened_reasoning=opened_reasoning
+            )
         fmt = chat.response_format
         if fmt is not None and fmt.type == "json_object":
             return json_grammar(None)
@@ -251,18 +265,23 @@ async def prepare_call(
     chat = request.chat
     messages = [normalize_message(m.model_dump(exclude_none=True)) for m in chat.messages]
     tools = [t.model_dump(exclude_none=True) for t in chat.tools] if chat.tools else None
+    template_kwargs = chat.chat_template_kwargs
     chars = _check_prompt_length(served, messages)
     if tools:
         chars += len(orjson.dumps(tools))
     try:
         if chars <= INLINE_PROMPT_CHARS and not (rollout_id and served.store.evicted(rollout_id)):
             history = served.store.calls_for(rollout_id) if rollout_id else []
-            prompt_ids = served.prompts.build(messages, tools, history)
+            prompt_ids = served.prompts.build(messages, tools, history, template_kwargs)
         else:
-            prompt_ids = await asyncio.to_thread(_build_prompt, served, messages, tools, rollout_id)
+            prompt_ids = await asyncio.to_thread(
+                _build_prompt, served, messages, tools, rollout_id, template_kwargs
+            )
     except Exception as exc:  # a template that cannot render these messages
         raise APIError(400, f"cannot render the messages with the chat template: {exc}") from None
     limit = _token_limit(chat, served, len(prompt_ids))
+    chat_format = served.chat.format
+    opened_reasoning = chat_format.opened_reasoning(prompt_ids)
     params = SamplingParams(
         temperature=chat.temperature,
         top_p=chat.top_p,
@@ -272,7 +291,7 @@ async def prepare_call(
         stop=chat.stop_list,
         seed=chat.seed,
         top_logprobs=chat.top_logprobs or 0,
-        grammar=grammar_for(chat, tools),
+        grammar=grammar_for(chat, tools, chat_format, opened_reasoning=opened_reasoning),
     )
     return PreparedCall(
         served=served,
@@ -286,6 +305,7 @@ async def prepare_call(
         params=params,
         adapter=adapter,
         index=served.store.next_index(rollout_id),
+        opened_reasoning=opened_reasoning,
     )
 
 
@@ -294,7 +314,8 @@ def _build_prompt(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     rollout_id: str | None,
+    template_kwargs: dict[str, Any] | None,
 ) -> list[int]:
     """Prompt ids on a worker thread (the rollout's history may have to be read from disk)."""
     history = served.store.calls_for(rollout_id) if rollout_id else []
-    return served.prompts.build(messages, tools, history)
+    return served.prompts.build(messages, tools, history, template_kwargs)

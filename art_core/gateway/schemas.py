@@ -13,7 +13,7 @@ import hashlib
 import re
 import threading
 from collections import OrderedDict
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import jsonschema
 import orjson
@@ -40,6 +40,30 @@ MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_SCHEMA_DEPTH = 32
 MAX_SCHEMA_NODES = 2000
+# A chat_template_kwargs value: a scalar or a short string (the template's own switches).
+TEMPLATE_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# apply_chat_template's own arguments (tokenize=True would turn the prompt into a list).
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "kwargs",
+    }
+)
+TemplateValue = bool | int | float | Annotated[str, Field(max_length=256)] | None
 
 
 class FunctionCall(BaseModel):
@@ -62,6 +86,9 @@ class Message(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # An assistant turn's reasoning, as vLLM returns it (both of its names).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Message:
@@ -177,6 +204,19 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     metadata: dict[str, Any] | None = None
+    # Extra variables for the chat template, as vLLM takes them (Qwen3's enable_thinking).
+    chat_template_kwargs: dict[str, TemplateValue] | None = Field(default=None, max_length=16)
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key in value or {}:
+            if not TEMPLATE_VARIABLE.match(key) or key in RESERVED_TEMPLATE_KWARGS:
+                raise ValueError(
+                    f"chat_template_kwargs cannot set {key!r}: keys are template variables "
+                    "(letters, digits, '_'), not arguments of apply_chat_template"
+                )
+        return value
 
     @field_validator("stop")
     @classmethod

@@ -1,11 +1,12 @@
 """Answering a chat completion as server-sent events (``stream: true``).
 
 The call is sampled and recorded exactly as without streaming (the same ``LLMCall``s). Text
-is sent as it is sampled, holding back only what could still turn into a stop string (which
-is cut from the answer) or tool-call markup (which never reaches the content); the held-back
-rest, the parsed tool calls, the finish reason, logprobs and the extension fields
-(``token_ids``, ``call_id``) come in each choice's last chunk. The streamed deltas of a
-choice always add up to the content of the non-streamed answer.
+is sent as it is sampled (reasoning as ``reasoning_content`` deltas, as vLLM sends it),
+holding back only what could still turn into a stop string (which is cut from the answer),
+a reasoning tag, or tool-call markup of the model's format (which never reaches the
+content); the held-back rest, the parsed tool calls, the finish reason, logprobs and the
+extension fields (``token_ids``, ``call_id``) come in each choice's last chunk. The streamed
+deltas of a choice always add up to the content (and reasoning) of the non-streamed answer.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from art_core.chat_formats.format import safe_before
 from art_core.engines.base import EngineError
 from art_core.gateway.errors import engine_error, internal_error
 from art_core.gateway.recording import sample_and_record
 from art_core.gateway.requests import PreparedCall
 from art_core.gateway.responses import SSE_DONE, ResponseShaper, sse, usage
-from art_core.gateway.tool_calls import TOOL_CALL_OPEN
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +52,12 @@ async def stream_completion(call: PreparedCall) -> AsyncIterator[str]:
         for i in range(n)
     ]
     yield sse(shaper.chunk(head, prompt_token_ids=call.prompt_ids))
-    holdback = Holdback(call.params.stop, tool_markup=call.parses_tools)
+    chat_format = call.served.chat.format
+    stops = [s for s in call.params.stop if s]
     sampled: dict[int, list[int]] = {i: [] for i in range(n)}
-    sent: dict[int, str] = {i: "" for i in range(n)}
-    tokenizer = call.served.tokenizer
+    sent: dict[int, dict[str, str]] = {
+        i: {"reasoning_content": "", "content": ""} for i in range(n)
+    }
     while not task.done() or not queue.empty():
         getter = asyncio.ensure_future(queue.get())
         done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
@@ -63,23 +66,19 @@ async def stream_completion(call: PreparedCall) -> AsyncIterator[str]:
             continue
         choice, ids = getter.result()
         sampled[choice].extend(ids)
-        text = tokenizer.decode(sampled[choice], skip_special_tokens=True)
+        text = chat_format.decode(sampled[choice], parses_tools=call.parses_tools)
         if text.endswith("\ufffd"):
             continue  # an incomplete UTF-8 sequence: wait for the next token
-        safe = holdback.safe_prefix(text)
-        delta = safe[len(sent[choice]) :]
-        if delta and safe.startswith(sent[choice]):
-            sent[choice] = safe
+        reasoning, content = chat_format.stream_split(
+            safe_before(text, stops),
+            parses_tools=call.parses_tools,
+            opened_reasoning=call.opened_reasoning,
+        )
+        delta = _deltas(sent[choice], {"reasoning_content": reasoning, "content": content})
+        if delta:
             yield sse(
                 shaper.chunk(
-                    [
-                        {
-                            "index": choice,
-                            "delta": {"content": delta},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ]
+                    [{"index": choice, "delta": delta, "logprobs": None, "finish_reason": None}]
                 )
             )
     try:
@@ -97,11 +96,11 @@ async def stream_completion(call: PreparedCall) -> AsyncIterator[str]:
     for recorded in calls:
         message = recorded.response_message
         final: dict[str, Any] = {}
-        content = message.get("content") or ""
-        already = sent[recorded.choice_index]
-        rest = content[len(already) :] if content.startswith(already) else ""
-        if rest:
-            final["content"] = rest
+        for key, already in sent[recorded.choice_index].items():
+            whole = message.get(key) or ""
+            rest = whole[len(already) :] if whole.startswith(already) else ""
+            if rest:
+                final[key] = rest
         if message.get("tool_calls"):
             final["tool_calls"] = [{"index": i, **tc} for i, tc in enumerate(message["tool_calls"])]
         yield sse(
@@ -123,42 +122,12 @@ async def stream_completion(call: PreparedCall) -> AsyncIterator[str]:
     yield SSE_DONE
 
 
-class Holdback:
-    """How much of a choice's text so far is safe to stream.
-
-    A stop string is cut from the answer, so text that could still grow into one (a suffix
-    that is a prefix of a stop string) waits; so does everything from the first tool-call
-    markup on (it becomes ``tool_calls``, not content), and the whitespace before it (the
-    content drops trailing whitespace when tool calls follow).
-
-    Example:
-        >>> Holdback(["END"], tool_markup=False).safe_prefix("hello EN")
-        'hello '
-        >>> Holdback([], tool_markup=True).safe_prefix("Sure.\n<tool_ca")
-        'Sure.'
-    """
-
-    def __init__(self, stops: list[str], *, tool_markup: bool) -> None:
-        self.stops = [s for s in stops if s]
-        self.tool_markup = tool_markup
-        self.markers = self.stops + ([TOOL_CALL_OPEN] if tool_markup else [])
-
-    def safe_prefix(self, text: str) -> str:
-        end = len(text) - _partial_marker_suffix(text, self.markers)
-        for marker in self.markers:
-            found = text.find(marker)
-            if found >= 0:
-                end = min(end, found)
-        safe = text[:end]
-        return safe.rstrip() if self.tool_markup else safe
-
-
-def _partial_marker_suffix(text: str, markers: list[str]) -> int:
-    """The length of the longest end of ``text`` that starts one of ``markers``."""
-    longest = 0
-    for marker in markers:
-        for size in range(min(len(marker) - 1, len(text)), longest, -1):
-            if marker.startswith(text[-size:]):
-                longest = size
-                break
-    return longest
+def _deltas(sent: dict[str, str], now: dict[str, str | None]) -> dict[str, str]:
+    """The new text of each field since ``sent`` (which is updated); a field whose text
+    no longer extends what was sent waits for the end (the last chunk settles it)."""
+    delta = {}
+    for key, text in now.items():
+        if text and len(text) > len(sent[key]) and text.startswith(sent[key]):
+            delta[key] = text[len(sent[key]) :]
+            sent[key] = text
+    return delta
