@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from art_core.backends.base import BackendBase, ProgressCallback
 from art_core.backends.s3 import SyncReport, pull_model_folder, push_model_folder
+from art_core.chat_formats import chat_format_settings
 from art_core.cpu import cpu_budget
 from art_core.embedded import resolve_base_model
 from art_core.engines.base import Engine
@@ -163,6 +164,8 @@ class LocalBackend(BackendBase):
 
     # ------------------------------------------------------------------------------ register
     async def register(self, model: TrainableModel) -> None:
+        # Checked before anything is written: a refused setting leaves no folder behind.
+        chat_settings = chat_format_settings(getattr(model, "_internal_config", None))
         if model.name in self._models:
             existing = self._models[model.name]
             if (
@@ -182,7 +185,9 @@ class LocalBackend(BackendBase):
             model.model_dump_json(indent=2, exclude={"inference_api_key", "inference_base_url"}),
         )
         base_path = await asyncio.to_thread(resolve_base_model, model.base_model, self.path)
-        chat = await asyncio.to_thread(load_chat_tokenizer, base_path)
+        chat = await asyncio.to_thread(
+            functools.partial(load_chat_tokenizer, base_path, **chat_settings)
+        )
         # The record first (cheap, and a damaged one is set aside), then the engine; whatever
         # fails, nothing started for this model is left running (a retried load would leak
         # an engine, its weights and threads each time).

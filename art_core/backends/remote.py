@@ -26,6 +26,7 @@ import httpx
 from tqdm.auto import tqdm
 
 from art_core.backends.base import BackendBase, ProgressCallback
+from art_core.chat_formats import chat_format_settings
 from art_core.metrics import hooks as metric_hooks
 from art_core.tracing import hooks as tracing
 from art_core.trajectories import LLMCall, TrajectoryGroup, new_id, require_finished
@@ -206,6 +207,7 @@ class RemoteBackend(BackendBase):
                 "project": model.project,
                 "base_model": model.base_model,
                 "config": _config_payload(model),
+                **chat_format_settings(getattr(model, "_internal_config", None)),
             },
             idempotent=True,  # registering twice is the same as once
         )

@@ -121,3 +121,30 @@ def chat_format_for(
         reasoning = detect_reasoning(tokenizer, tools)
     keep = list(tools.tokens) + ([reasoning.open, reasoning.close] if reasoning else [])
     return ChatFormat(tools=tools, markup=Markup(tokenizer, keep=keep), reasoning=reasoning)
+
+
+# The keys of a model's ``_internal_config`` that choose its chat format (vLLM's flag names).
+CHAT_FORMAT_KEYS = ("tool_call_parser", "reasoning_parser")
+
+
+def chat_format_settings(internal_config: Any) -> dict[str, str]:
+    """The chat-format choices of a model's ``_internal_config`` (``tool_call_parser``,
+    ``reasoning_parser``), checked; ``ValueError`` naming the known parsers otherwise.
+
+    Example:
+        >>> chat_format_settings({"tool_call_parser": "mistral", "peft_args": {"r": 8}})
+        {'tool_call_parser': 'mistral'}
+    """
+    settings: dict[str, str] = {}
+    known: dict[str, list[str]] = {
+        "tool_call_parser": sorted(TOOL_CALL_PARSERS),
+        "reasoning_parser": sorted(REASONING_PARSERS),
+    }
+    for key in CHAT_FORMAT_KEYS:
+        value = (internal_config or {}).get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or value not in known[key]:
+            raise ValueError(f"unknown {key} {value!r}: use one of {known[key]}")
+        settings[key] = value
+    return settings

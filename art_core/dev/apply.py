@@ -13,6 +13,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from art_core.chat_formats import CHAT_FORMAT_KEYS
+
 # (section, ART key) -> TrainConfig field
 _FIELDS = {
     ("peft_args", "r"): "lora_rank",
@@ -40,6 +42,8 @@ def train_defaults(internal_config: Mapping[str, Any] | None) -> tuple[dict[str,
     fields: dict[str, Any] = {}
     ignored: list[str] = []
     for section, values in (internal_config or {}).items():
+        if section in CHAT_FORMAT_KEYS:
+            continue  # how the model's answers are read when served, not a training knob
         if not isinstance(values, Mapping):
             if isinstance(values, list | tuple) and section.endswith("gpu_ids"):
                 ignored.append(section)

@@ -91,6 +91,10 @@ class InternalModelConfig(TypedDict, total=False):
     trainer_args: TrainerArgs
     trainer_gpu_ids: list[int]
     inference_gpu_ids: list[int]
+    # Not ART's: how the gateway reads this model's answers, by vLLM's parser names
+    # (detected from the chat template when not given; see art_core.chat_formats).
+    tool_call_parser: str
+    reasoning_parser: str
 
 
 class TrainConfig(TypedDict, total=False):

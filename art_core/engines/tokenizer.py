@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from art_core.chat_formats import ChatFormat, chat_format_for
-from art_core.embedded.templates import tool_chat_template
+from art_core.embedded.templates import tool_template_for
 
 # Tokens that end an assistant turn in the families served: ChatML, Llama 3 (<|eom_id|> after
 # a tool call), gpt-oss (<|return|>, <|call|>), Gemma (<end_of_turn>).
@@ -55,8 +55,8 @@ def load_chat_tokenizer(
     its chat format (``tool_call_parser`` / ``reasoning_parser`` name one, as vLLM's flags
     do; by default it is detected from the template and tokenizer).
 
-    A model whose own template cannot render tools gets the shipped ChatML tool template, so
-    every engine renders prompts identically.
+    A model whose own template cannot render tools gets a shipped tool template in its turn
+    markup (Gemma's, else ChatML), so every engine renders prompts identically.
 
     Example:
         >>> chat = load_chat_tokenizer(Path(".art/base_models/tiny-random"))  # doctest: +SKIP
@@ -66,8 +66,10 @@ def load_chat_tokenizer(
     from transformers import AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if "tools" not in (getattr(tokenizer, "chat_template", None) or ""):
-        tokenizer.chat_template = tool_chat_template()
+    own = getattr(tokenizer, "chat_template", None) or ""
+    if "tools" not in own:
+        # In the model's own turn markup where one is shipped (Gemma), else ChatML.
+        tokenizer.chat_template = tool_template_for(str(own))
     eos: set[int] = set()
     sources: list[Any] = [tokenizer.eos_token_id]
     if (Path(model_path) / "generation_config.json").is_file():

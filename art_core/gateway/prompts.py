@@ -63,6 +63,25 @@ def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
     return normalized
 
 
+def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with its tool calls' JSON-string arguments as objects, as vLLM hands them
+    to templates: the real templates (Qwen2.5, Llama 3.1, gpt-oss, Mistral) write
+    ``arguments | tojson``, which would quote a string a second time (Qwen3-Coder's raises)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    converted = []
+    for call in calls:
+        try:
+            arguments = json.loads(call["function"]["arguments"])
+        except (json.JSONDecodeError, TypeError):
+            arguments = None
+        if isinstance(arguments, dict):
+            call = {**call, "function": {**call["function"], "arguments": arguments}}
+        converted.append(call)
+    return {**message, "tool_calls": converted}
+
+
 def _same_answer(sent: dict[str, Any], returned: dict[str, Any]) -> bool:
     """Whether the client sent back the assistant message we returned (ids may differ)."""
 
@@ -148,7 +167,7 @@ class PromptBuilder:
                 return text
         text = str(
             self.tokenizer.apply_chat_template(
-                messages,
+                [_with_argument_objects(m) for m in messages],
                 tools=tools or None,
                 add_generation_prompt=True,
                 tokenize=False,

@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from art_core.chat_formats import CHAT_FORMAT_KEYS, chat_format_settings
 from art_core.names import check_name
 from art_core.server.jobs import JOB_ID
 from art_core.training.config import SFTConfig, TrainConfig
@@ -68,6 +69,18 @@ class RegisterRequest(BaseModel):
     project: str = "default"
     base_model: str = Field(min_length=1, max_length=4096)
     config: dict[str, Any] = Field(default_factory=dict)
+    # How the model's answers are read (see art_core.chat_formats); detected when absent.
+    tool_call_parser: str | None = Field(default=None, max_length=64)
+    reasoning_parser: str | None = Field(default=None, max_length=64)
+
+    @model_validator(mode="after")
+    def _chat_format(self) -> RegisterRequest:
+        chat_format_settings(self.chat_format())
+        return self
+
+    def chat_format(self) -> dict[str, str]:
+        """The chat-format choices, as a model's ``_internal_config`` carries them."""
+        return {key: value for key in CHAT_FORMAT_KEYS if (value := getattr(self, key)) is not None}
 
     @field_validator("name")
     @classmethod

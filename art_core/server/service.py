@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from art_core.backends.local import LocalBackend
-from art_core.embedded import EMBEDDED_MODELS
+from art_core.embedded import EMBEDDED_MODELS, is_embedded_name
 from art_core.gateway.errors import scrub_paths
 from art_core.model import TrainableModel
 from art_core.model_folder import ModelFolder
@@ -67,17 +67,14 @@ FAILED_LOAD_RETRY_S = 30.0
 
 
 def allowed_base_model(name: str, allowed: list[str]) -> bool:
-    """Embedded models, ``tiny-random-<seed>``, or folders the operator listed: never an
-    arbitrary path chosen by a client.
+    """Embedded models (``tiny-random-<seed>``, ``tiny-<family>-<seed>``...) or folders the
+    operator listed: never an arbitrary path chosen by a client.
 
     Example:
         >>> allowed_base_model("tiny-random", []), allowed_base_model("/etc", [])
         (True, False)
     """
-    if name in EMBEDDED_MODELS or name in allowed:
-        return True
-    seed = name.removeprefix("tiny-random-")
-    return name.startswith("tiny-random-") and seed.isdigit() and len(seed) <= 9
+    return is_embedded_name(name) or name in allowed
 
 
 class Service:
@@ -109,7 +106,7 @@ class Service:
             raise FieldError(
                 "base_model",
                 f"{request.base_model!r} is not served here: use an embedded model "
-                f"({', '.join(sorted(EMBEDDED_MODELS))}, tiny-random-<seed>) or one the server "
+                f"({', '.join(sorted(EMBEDDED_MODELS))}, tiny-random-<seed>, tiny-<family>-<seed>) or one the server "
                 "allows (art-core serve --allow-base-model)",
             )
         async with self._register_lock:
@@ -126,6 +123,7 @@ class Service:
                 project=request.project,
                 base_model=request.base_model,
                 config=request.config,
+                _internal_config=request.chat_format(),
             )
             if len(self.models) >= self.settings.max_models:
                 raise Conflict(

@@ -26,21 +26,23 @@ from typing import Any
 from art_core.embedded import models_dir, resolve_base_model
 
 
-def _labelled(tokenizer: Any, conversation: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+def _labelled(
+    tokenizer: Any, conversation: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> tuple[list[int], list[int]]:
     """Token ids of a conversation, and labels that train its assistant turns only (not
     those with ``"weight": 0``, OpenAI's fine-tuning convention for context turns)."""
     clean = [{k: v for k, v in message.items() if k != "weight"} for message in conversation]
-    ids = _ids(tokenizer.apply_chat_template(clean, tokenize=True))
+    ids = _ids(tokenizer.apply_chat_template(clean, tools=tools, tokenize=True))
     labels = [-100] * len(ids)
     for end, message in enumerate(conversation, start=1):
         if message["role"] != "assistant" or message.get("weight", 1) == 0:
             continue
         prompt = _ids(
             tokenizer.apply_chat_template(
-                clean[: end - 1], add_generation_prompt=True, tokenize=True
+                clean[: end - 1], tools=tools, add_generation_prompt=True, tokenize=True
             )
         )
-        upto = _ids(tokenizer.apply_chat_template(clean[:end], tokenize=True))
+        upto = _ids(tokenizer.apply_chat_template(clean[:end], tools=tools, tokenize=True))
         assert ids[: len(upto)] == upto and upto[: len(prompt)] == prompt
         labels[len(prompt) : len(upto)] = upto[len(prompt) :]
     return ids, labels
@@ -59,8 +61,11 @@ def fine_tuned_stand_in(
     learning_rate: float = 3e-3,
     seed: int = 0,
     context: int = 8192,
+    base: str = "tiny-random",
+    tools: list[dict[str, Any]] | None = None,
 ) -> Path:
-    """tiny-random fine-tuned on ``conversations`` (their assistant turns), saved once.
+    """``base`` (an embedded tiny model: ``tiny-random``, ``tiny-qwen3``...) fine-tuned on
+    ``conversations`` (their assistant turns, rendered with ``tools``), saved once.
 
     Returns the model folder, usable as a ``base_model`` path. ``context`` raises the
     model's position limit (RoPE: nothing learned changes) so whole games fit.
@@ -68,18 +73,27 @@ def fine_tuned_stand_in(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    recipe = json.dumps([conversations, steps, learning_rate, seed, context], sort_keys=True)
+    recipe = json.dumps(
+        [conversations, steps, learning_rate, seed, context]
+        + ([base, tools] if (base, tools) != ("tiny-random", None) else []),
+        sort_keys=True,
+    )
     digest = hashlib.sha256(recipe.encode()).hexdigest()[:12]
     target = models_dir() / f"{name}-{digest}"
     if (target / "config.json").exists():
         return target
-    base = resolve_base_model("tiny-random")
-    tokenizer = AutoTokenizer.from_pretrained(base)
+    base_path = resolve_base_model(base)
+    tokenizer = AutoTokenizer.from_pretrained(base_path)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(
-        base, dtype=torch.float32, attn_implementation="sdpa"
-    )
-    examples = [_labelled(tokenizer, c) for c in conversations]
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            base_path, dtype=torch.float32, attn_implementation="sdpa"
+        )
+    except ValueError:  # an architecture without SDPA attention (gpt-oss)
+        model = AutoModelForCausalLM.from_pretrained(
+            base_path, dtype=torch.float32, attn_implementation="eager"
+        )
+    examples = [_labelled(tokenizer, c, tools) for c in conversations]
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
     order = random.Random(seed)
     model.train()
