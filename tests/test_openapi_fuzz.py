@@ -118,3 +118,29 @@ def test_no_input_makes_the_server_fail(
     print(f"{operation.label} {mode.value}: statuses {sorted(seen.items())}")  # with -s
     assert server.process is not None and server.process.poll() is None, server.describe()
     assert rss_mb(server.pid) < before + 500, seen
+
+
+API_OPERATIONS = [op for op in OPERATIONS if op.path.startswith("/api/")]
+PATH_VALUES = {"project": "fuzz", "name": "m", "rollout_id": "r1", "job_id": "job-none"}
+DEEP_BODY = b'{"a": ' * 3000 + b"1" + b"}" * 3000
+
+
+@pytest.mark.parametrize(
+    "operation", API_OPERATIONS, ids=lambda op: f"{op.method.upper()} {op.path}"
+)
+def test_api_routes_refuse_non_ascii_digits_and_deep_bodies(
+    server: ServerProcess, operation: Any
+) -> None:
+    headers = {"Authorization": f"Bearer {server.token}", "content-type": "application/json"}
+    path = operation.path.format(**PATH_VALUES)
+    queries = [
+        p["name"] for p in operation.definition.raw.get("parameters", []) if p["in"] == "query"
+    ]
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as client:
+        for name in queries:  # a digit that is not ASCII ('²', '٣') is not a number here
+            for digits in ("²", "٣"):
+                response = client.request(operation.method, path, params={name: digits})
+                assert 400 <= response.status_code < 500, (name, response.text)
+        if operation.method in ("post", "put"):
+            response = client.request(operation.method, path, content=DEEP_BODY)
+            assert response.status_code == 400, response.text

@@ -86,6 +86,7 @@ class LocalBackend(BackendBase):
         host: str = "127.0.0.1",
         port: int = 0,
         rollout_ttl_s: float = 1800.0,
+        max_rollout_memory_mb: float = 256.0,
         device: str | None = None,
         dtype: str | None = None,
         max_batch_size: int = 32,
@@ -114,6 +115,11 @@ class LocalBackend(BackendBase):
         # A rollout not released this long after its last call leaves memory (its calls
         # stay on disk, read back if it goes on or is released later).
         self.rollout_ttl_s = rollout_ttl_s
+        # And the least recently active ones leave it once the calls held in memory (per
+        # model, their recorded size) pass this: a caller that never releases holds no more.
+        if not max_rollout_memory_mb > 0:
+            raise ValueError(f"max_rollout_memory_mb must be > 0, got {max_rollout_memory_mb}")
+        self.max_rollout_memory_bytes = int(max_rollout_memory_mb * 1024 * 1024)
         self.gateway = Gateway()
         self.server = GatewayServer(self.gateway, host=host, port=port)
         self._models: dict[str, _Registered] = {}
@@ -176,6 +182,9 @@ class LocalBackend(BackendBase):
             self._bind(model)
             existing.model = model
             return
+        # The base model resolves (or is built) before anything of the model is written: a
+        # refused one leaves no folder that would hold the name.
+        base_path = await asyncio.to_thread(resolve_base_model, model.base_model, self.path)
         await self.start()
         folder = self.model_folder(model)
         folder.root.mkdir(parents=True, exist_ok=True)
@@ -184,7 +193,6 @@ class LocalBackend(BackendBase):
             folder.model_json,
             model.model_dump_json(indent=2, exclude={"inference_api_key", "inference_base_url"}),
         )
-        base_path = await asyncio.to_thread(resolve_base_model, model.base_model, self.path)
         chat = await asyncio.to_thread(
             functools.partial(load_chat_tokenizer, base_path, **chat_settings)
         )
@@ -192,7 +200,12 @@ class LocalBackend(BackendBase):
         # fails, nothing started for this model is left running (a retried load would leak
         # an engine, its weights and threads each time).
         store = await asyncio.to_thread(
-            functools.partial(open_call_store, folder, rollout_ttl_s=self.rollout_ttl_s)
+            functools.partial(
+                open_call_store,
+                folder,
+                rollout_ttl_s=self.rollout_ttl_s,
+                max_memory_bytes=self.max_rollout_memory_bytes,
+            )
         )
         torch_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-torch")
         engine: Engine | None = None

@@ -106,7 +106,27 @@ def _build_once(target: Path, build: Callable[[Path], None], fingerprint: str = 
     return target.resolve()
 
 
+class BaseModelError(ValueError):
+    """A ``base_model`` that names nothing this machine can load (an unknown name, a bad GGUF
+    file, a folder without a model): the caller's input is wrong, nothing was written."""
+
+
 def resolve_base_model(name: str, art_path: str | Path = ".art") -> Path:
+    """See ``_resolve``; every failure of the name itself is a ``BaseModelError``.
+
+    Example:
+        >>> resolve_base_model("tiny-qwen3", "/tmp/art")  # doctest: +SKIP
+        PosixPath('/tmp/art/base_models/tiny-qwen3')
+    """
+    try:
+        return _resolve(name, art_path)
+    except BaseModelError:
+        raise
+    except ValueError as exc:
+        raise BaseModelError(str(exc)) from exc
+
+
+def _resolve(name: str, art_path: str | Path = ".art") -> Path:
     """The local Hugging Face folder for ``name``, building an embedded model if needed.
 
     ``name`` is an embedded model (``smollm2-135m``, ``tiny-random``, ``tiny-<family>``),
@@ -143,4 +163,11 @@ def resolve_base_model(name: str, art_path: str | Path = ".art") -> Path:
     )
 
 
-__all__ = ["EMBEDDED_MODELS", "FAMILIES", "is_embedded_name", "models_dir", "resolve_base_model"]
+__all__ = [
+    "EMBEDDED_MODELS",
+    "FAMILIES",
+    "BaseModelError",
+    "is_embedded_name",
+    "models_dir",
+    "resolve_base_model",
+]

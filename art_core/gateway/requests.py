@@ -300,13 +300,34 @@ async def prepare_call(
         tools=tools,
         rollout_id=rollout_id,
         metadata=request.metadata,
-        request_params={k: v for k, v in request.payload.items() if k not in _NOT_RECORDED},
+        request_params=recorded_params(request.payload),
         prompt_ids=prompt_ids,
         params=params,
         adapter=adapter,
         index=served.store.next_index(rollout_id),
         opened_reasoning=opened_reasoning,
     )
+
+
+# Unknown fields are recorded by name only (a caller's 200 KB field is not kept in memory
+# with every call): at most this many names, each cut to this many characters.
+MAX_IGNORED_NAMES, MAX_IGNORED_NAME_CHARS = 32, 64
+
+
+def recorded_params(payload: dict[str, Any]) -> dict[str, Any]:
+    """The request's parameters recorded with each call: the fields the gateway serves (not
+    those recorded on their own), plus the sorted names of fields it ignored.
+
+    Example:
+        >>> recorded_params({"model": "m", "messages": [], "temperature": 0.5, "junk": "x" * 9})
+        {'model': 'm', 'temperature': 0.5, 'ignored_fields': ['junk']}
+    """
+    known = ChatCompletionRequest.model_fields
+    params = {k: v for k, v in payload.items() if k in known and k not in _NOT_RECORDED}
+    ignored = sorted(k[:MAX_IGNORED_NAME_CHARS] for k in payload if k not in known)
+    if ignored:
+        params["ignored_fields"] = ignored[:MAX_IGNORED_NAMES]
+    return params
 
 
 def _build_prompt(

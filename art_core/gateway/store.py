@@ -14,13 +14,15 @@ stored once per request, in ``requests``; each choice's row in ``calls`` holds t
 points to it. Rows written before this layout hold the whole call and load as they are.
 
 A rollout's calls stay in memory until it is released; one left unreleased for
-``rollout_ttl_s`` is dropped from memory (its calls stay on disk and are read back from there
-if the rollout goes on or is released later).
+``rollout_ttl_s``, or the least recently active ones once the calls held in memory pass
+``max_memory_bytes`` (their size as recorded), are dropped from memory (their calls stay on
+disk and are read back from there if the rollout goes on or is released later).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sqlite3
 import threading
@@ -59,6 +61,8 @@ _SELECT = (
 )
 # Written bytes between two checkpoints of the write-ahead log (SQLite's default is ~4 MB).
 CHECKPOINT_BYTES = 4 * 1024 * 1024
+# What the calls held in memory may take (their recorded JSON size), unless told otherwise.
+DEFAULT_MAX_MEMORY_BYTES = 256 * 1024 * 1024
 # Evicted rollouts remembered (to read them back from disk when they go on); beyond this,
 # the oldest are forgotten: a rollout idle that long starts over from its next call.
 _EVICTED_REMEMBERED = 65536
@@ -133,7 +137,12 @@ def sqlite_damage(path: Path) -> str | None:
     return None
 
 
-def open_call_store(folder: ModelFolder, *, rollout_ttl_s: float = 1800.0) -> CallStore:
+def open_call_store(
+    folder: ModelFolder,
+    *,
+    rollout_ttl_s: float = 1800.0,
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+) -> CallStore:
     """The model's ``CallStore``. A damaged ``calls.sqlite`` (cut short, not a database) is
     set aside with a warning naming where it went, and a new one is started: the model
     serves again, and the damaged record stays on disk for whoever wants to salvage it.
@@ -142,14 +151,17 @@ def open_call_store(folder: ModelFolder, *, rollout_ttl_s: float = 1800.0) -> Ca
         >>> store = open_call_store(ModelFolder.of(".art", "demo", "m"))  # doctest: +SKIP
     """
     damage = sqlite_damage(folder.calls_db)
+    limits = functools.partial(
+        CallStore, rollout_ttl_s=rollout_ttl_s, max_memory_bytes=max_memory_bytes
+    )
     if damage is None:
         try:
-            return CallStore(folder.calls_db, rollout_ttl_s=rollout_ttl_s)
+            return limits(folder.calls_db)
         except sqlite3.DatabaseError as exc:
             damage = f"{folder.calls_db.name} cannot be read: {exc}"
     moved = folder.set_aside_calls_db()
     logger.warning("%s; set aside as %s, recording to a new one", damage, moved)
-    return CallStore(folder.calls_db, rollout_ttl_s=rollout_ttl_s)
+    return limits(folder.calls_db)
 
 
 def load_call(data: str, request: str | None) -> LLMCall:
@@ -172,7 +184,12 @@ class CallStore:
     """
 
     def __init__(
-        self, path: Path, *, recent_unscoped: int = 4096, rollout_ttl_s: float = 1800.0
+        self,
+        path: Path,
+        *,
+        recent_unscoped: int = 4096,
+        rollout_ttl_s: float = 1800.0,
+        max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -188,12 +205,17 @@ class CallStore:
         self._recent: OrderedDict[str, LLMCall] = OrderedDict()
         self._recent_limit = recent_unscoped
         self.rollout_ttl_s = rollout_ttl_s
+        # Bytes of the calls held in memory (their recorded JSON), per rollout and in all.
+        self.max_memory_bytes = max_memory_bytes
+        self._rollout_bytes: dict[str, int] = defaultdict(int)
+        self._recent_bytes: dict[str, int] = {}
+        self.memory_bytes = 0
         # Live rollouts by last activity (oldest first), and evicted ones (their next index).
         self._active: OrderedDict[str, float] = OrderedDict()
         self._evicted: OrderedDict[str, int] = OrderedDict()
         self._swept = time.monotonic()
         # Writes waiting for the writer thread: (rows of one request, its future, its loop).
-        self._queued: list[tuple[list[LLMCall], asyncio.Future[None]]] = []
+        self._queued: list[tuple[list[LLMCall], asyncio.Future[int]]] = []
         self._writing = False
         self._checkpointer = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="art-call-store-checkpoint"
@@ -237,18 +259,19 @@ class CallStore:
         """
         if not calls:
             return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         with self._lock:
             self._queued.append((calls, future))
             start = not self._writing
             self._writing = True
         if start:
             self._executor.submit(self._write_queued)
-        await future
+        size = await future
         with self._lock:
             for call in calls:
-                self._remember(call)
+                self._remember(call, size // len(calls))
             self._sweep()
+            self._bound_memory()
 
     def _write_queued(self) -> None:
         """On the writer thread: write everything queued, one transaction per round."""
@@ -258,14 +281,15 @@ class CallStore:
                 if not batch:
                     self._writing = False
                     return
-            outcomes: list[BaseException | None] = []
+            # Each request's outcome: the bytes it was written as, or why it was not.
+            outcomes: list[BaseException | int] = []
             requests, rows = [], []
             for calls, _ in batch:
                 try:  # a request that cannot be written fails alone
                     request, own = request_rows(calls)
                     requests.append(request)
                     rows += own
-                    outcomes.append(None)
+                    outcomes.append(len(request[1]) + sum(len(row[4]) for row in own))
                 except Exception as exc:
                     outcomes.append(exc)
             try:
@@ -280,7 +304,7 @@ class CallStore:
                         rows,
                     )
             except Exception as exc:  # disk full, I/O error: nothing of this round is kept
-                outcomes = [outcome or exc for outcome in outcomes]
+                outcomes = [o if isinstance(o, BaseException) else exc for o in outcomes]
             self._unsaved_bytes += sum(len(r[1]) for r in requests) + sum(len(r[4]) for r in rows)
             if self._unsaved_bytes >= CHECKPOINT_BYTES and not self._checkpointing:
                 self._checkpointing = True
@@ -302,14 +326,21 @@ class CallStore:
             self._checkpointing = False
 
     # ------------------------------------------------------------------------------ memory
-    def _remember(self, call: LLMCall) -> None:
+    def _remember(self, call: LLMCall, size: int) -> None:
         if call.rollout_id is None:
             self._recent[call.id] = call
-            while len(self._recent) > self._recent_limit:
-                self._recent.popitem(last=False)
+            self._recent_bytes[call.id] = size
+            self.memory_bytes += size
+            while len(self._recent) > self._recent_limit or (
+                len(self._recent) > 1 and self.memory_bytes > self.max_memory_bytes
+            ):
+                gone, _ = self._recent.popitem(last=False)
+                self.memory_bytes -= self._recent_bytes.pop(gone, 0)
             return
         if call.rollout_id in self._evicted:
             return  # dropped from memory meanwhile: read back from disk with the rest
+        self._rollout_bytes[call.rollout_id] += size
+        self.memory_bytes += size
         calls = self._rollouts[call.rollout_id]
         calls.append(call)
         if len(calls) > 1 and (calls[-2].index, calls[-2].choice_index) > (
@@ -333,14 +364,31 @@ class CallStore:
             rollout_id, seen = next(iter(self._active.items()))
             if now - seen < self.rollout_ttl_s:
                 break
-            self._active.pop(rollout_id)
-            self._rollouts.pop(rollout_id, None)
-            self._evicted[rollout_id] = self._next_index.pop(rollout_id, 0)
-            while len(self._evicted) > _EVICTED_REMEMBERED:
-                self._evicted.popitem(last=False)
+            self._evict(rollout_id)
             logger.info(
                 "rollout %s idle for %.0f s: its calls stay on disk only", rollout_id, now - seen
             )
+
+    def _bound_memory(self) -> None:
+        """Drop the least recently active rollouts from memory while the calls held pass
+        ``max_memory_bytes`` (a caller that never releases its rollouts holds at most that)."""
+        while self.memory_bytes > self.max_memory_bytes and self._active:
+            rollout_id = next(iter(self._active))
+            self._evict(rollout_id)
+            logger.info(
+                "calls in memory over %d bytes: rollout %s is kept on disk only",
+                self.max_memory_bytes,
+                rollout_id,
+            )
+
+    def _evict(self, rollout_id: str) -> None:
+        """Forget a live rollout in memory; its calls stay on disk (under ``_lock``)."""
+        self._active.pop(rollout_id, None)
+        self._rollouts.pop(rollout_id, None)
+        self.memory_bytes -= self._rollout_bytes.pop(rollout_id, 0)
+        self._evicted[rollout_id] = self._next_index.pop(rollout_id, 0)
+        while len(self._evicted) > _EVICTED_REMEMBERED:
+            self._evicted.popitem(last=False)
 
     def evicted(self, rollout_id: str) -> bool:
         """Whether the rollout was dropped from memory (using it reads its calls from disk)."""
@@ -354,10 +402,13 @@ class CallStore:
                 return
             next_index = self._evicted[rollout_id]
         calls = self._read(rollout_id)
+        size = sum(len(pydantic_core.to_json(call)) for call in calls)
         with self._lock:
             if self._evicted.pop(rollout_id, None) is None:
                 return  # revived by another thread meanwhile
             self._rollouts[rollout_id] = calls
+            self._rollout_bytes[rollout_id] = size
+            self.memory_bytes += size
             self._next_index[rollout_id] = max([next_index, *(c.index + 1 for c in calls)])
             self._touch(rollout_id)
 
@@ -374,6 +425,7 @@ class CallStore:
         with self._lock:
             self._next_index.pop(rollout_id, None)
             self._active.pop(rollout_id, None)
+            self.memory_bytes -= self._rollout_bytes.pop(rollout_id, 0)
             return self._rollouts.pop(rollout_id, [])
 
     def live_rollouts(self) -> int:
@@ -434,10 +486,10 @@ class CallStore:
         self._executor.shutdown(wait=True)
 
 
-def _settle(future: asyncio.Future[None], outcome: BaseException | None) -> None:
+def _settle(future: asyncio.Future[int], outcome: BaseException | int) -> None:
     if future.done():
         return
-    if outcome is None:
-        future.set_result(None)
-    else:
+    if isinstance(outcome, BaseException):
         future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -23,7 +23,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from art_core.gateway.app import ROLLOUT_ID
-from art_core.gateway.errors import error_body, json_response
+from art_core.gateway.body import parse_json_object
+from art_core.gateway.errors import APIError, error_body, json_response
+from art_core.gateway.requests import INLINE_BODY_BYTES
+from art_core.names import check_name
 from art_core.server.errors import validation_body
 from art_core.server.jobs import Job
 from art_core.server.schemas import (
@@ -86,14 +89,18 @@ def _errors(handler: Handler) -> Handler:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
+    """The body as a JSON object, read by the gateway's bounded parser (nesting and text
+    checked: deep JSON is a 400, never a ``RecursionError``); large bodies parse off the
+    event loop."""
     raw = await request.body()
+    if not raw:
+        return {}
     try:
-        payload = json.loads(raw) if raw else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(400, f"the body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise BadRequest(400, "the body must be a JSON object")
-    return payload
+        if len(raw) > INLINE_BODY_BYTES:
+            return await asyncio.to_thread(parse_json_object, raw)
+        return parse_json_object(raw)
+    except APIError as exc:
+        raise BadRequest(exc.status, exc.message) from None
 
 
 def _rollout_id(request: Request) -> str:
@@ -103,6 +110,15 @@ def _rollout_id(request: Request) -> str:
             "path.rollout_id", "rollout ids are 1-128 letters, digits, '_', '-', '.' or ':'"
         )
     return rollout_id
+
+
+def _model_path(request: Request) -> None:
+    """The project and model names of the path, checked (422 naming the one that is bad)."""
+    for key in ("project", "name"):
+        try:
+            check_name(str(request.path_params[key]), f"{key} name")
+        except ValueError as exc:
+            raise FieldError(f"path.{key}", str(exc)) from None
 
 
 def _after(request: Request) -> int:
@@ -179,6 +195,7 @@ class ServiceAPI:
         return json_response({"step": await self.service.backend.get_step(model)})
 
     async def log(self, request: Request) -> Response:
+        _model_path(request)
         body = LogRequest.model_validate(await _json_body(request))
         model = await self._model(request)
         groups = to_groups(body.groups)
@@ -188,19 +205,23 @@ class ServiceAPI:
         return json_response({"logged": sum(len(g.trajectories) for g in groups)})
 
     async def delete_checkpoints(self, request: Request) -> Response:
+        _model_path(request)
         body = DeleteCheckpointsRequest.model_validate(await _json_body(request))
         model = await self._model(request)
         deleted = await self.service.delete_checkpoints(model, body.best_checkpoint_metric)
         return json_response({"deleted": deleted})
 
     async def calls(self, request: Request) -> Response:
+        _model_path(request)
         rollout_id = _rollout_id(request)
         model = await self._model(request)
         calls = await self.service.backend.rollout_calls(model, rollout_id, release=False)
         return json_response(_calls_json(calls))
 
     async def release(self, request: Request) -> Response:
+        _model_path(request)
         rollout_id = _rollout_id(request)
+        await _json_body(request)  # takes no fields, but a body it is sent must be JSON
         model = await self._model(request)
         calls = await self.service.backend.rollout_calls(model, rollout_id, release=True)
         if not calls:
@@ -211,17 +232,23 @@ class ServiceAPI:
         return json_response(_calls_json(calls))
 
     # ------------------------------------------------------------------------------ training
+    # Every handler checks its whole request (path, query, body) before it acts: a request
+    # answered 4xx has started no job and changed nothing.
     async def train(self, request: Request) -> Response:
+        after = _after(request)
+        _model_path(request)
         body = TrainRequest.model_validate(await _json_body(request))
         model = await self._model(request)
         job = await self.service.start_training(model, body)
-        return self._stream(job, _after(request))
+        return self._stream(job, after)
 
     async def train_sft(self, request: Request) -> Response:
+        after = _after(request)
+        _model_path(request)
         body = TrainSFTRequest.model_validate(await _json_body(request))
         model = await self._model(request)
         job = await self.service.start_sft(model, body)
-        return self._stream(job, _after(request))
+        return self._stream(job, after)
 
     async def job(self, request: Request) -> Response:
         return json_response(self._job(request).summary())

@@ -46,6 +46,7 @@ async def serve(settings: ServeSettings, stop: asyncio.Event | None = None) -> i
         dtype=settings.dtype,
         max_batch_size=settings.max_batch_size,
         default_max_tokens=settings.default_max_tokens,
+        max_rollout_memory_mb=settings.max_rollout_memory_mb,
         replicas=settings.replicas,
         threads_per_replica=settings.threads_per_replica,
         replica_devices=settings.replica_devices,
@@ -117,6 +118,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         ray_address=args.ray,
         drain_timeout_s=args.drain_timeout,
         max_models=args.max_models,
+        max_rollout_memory_mb=args.max_rollout_memory_mb,
         connection_limits=ConnectionLimits(
             max_connections=args.max_connections,
             max_idle_connections=args.max_idle_connections,
@@ -192,6 +194,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive(int),
         default=ServeSettings.max_models,
         help="models loaded at once (each holds an engine); registering more is a 409",
+    )
+    parser.add_argument(
+        "--max-rollout-memory-mb",
+        type=_positive(float),
+        default=ServeSettings.max_rollout_memory_mb,
+        help="per model, what the calls of unreleased rollouts may hold in memory; past it the "
+        "least recently active rollouts are kept on disk only (read back if they go on)",
     )
     parser.add_argument(
         "--drain-timeout",

@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 
 class ModelRecord(BaseModel):
-    """What is needed to register a model again: its names and base model."""
+    """What is needed to register a model again: its names, base model and chat format."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -26,6 +26,8 @@ class ModelRecord(BaseModel):
     project: str
     base_model: str
     config: dict[str, object] = {}
+    # tool_call_parser / reasoning_parser when named at registration (see chat_formats).
+    chat_format: dict[str, str] = {}
 
 
 class ModelRegistry:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from art_core.backends.local import LocalBackend
-from art_core.embedded import EMBEDDED_MODELS, is_embedded_name
+from art_core.embedded import EMBEDDED_MODELS, BaseModelError, is_embedded_name
 from art_core.gateway.errors import scrub_paths
 from art_core.model import TrainableModel
 from art_core.model_folder import ModelFolder
@@ -136,6 +136,8 @@ class Service:
                 raise ModelUnavailable(failed[1], failed[0] - now)
             try:
                 await self.backend.register(model)
+            except BaseModelError as exc:  # the name itself: a bad request, nothing written
+                raise FieldError("base_model", scrub_paths(str(exc))) from None
             except ValueError as exc:  # e.g. the folder holds another base model's checkpoints
                 raise Conflict(scrub_paths(str(exc))) from None
             except Exception as exc:
@@ -155,6 +157,7 @@ class Service:
                     project=model.project,
                     base_model=model.base_model,
                     config=model.config,
+                    chat_format=request.chat_format(),
                 )
             )
             return model
@@ -177,6 +180,7 @@ class Service:
                     project=record.project,
                     base_model=record.base_model,
                     config=record.config,
+                    **record.chat_format,
                 )
             )
         if model.project != project:

@@ -80,6 +80,8 @@ class ServeSettings:
     default_max_tokens: int = 1024
     # Models loaded at once (each holds an engine: weights, threads, a call record).
     max_models: int = 16
+    # Per model: memory the calls of unreleased rollouts may hold (see CallStore).
+    max_rollout_memory_mb: float = 256.0
     # A graceful stop lets training steps in progress finish this long, then cancels them.
     drain_timeout_s: float = 120.0
     # Bounds on what one training request may ask (epochs, optimizer steps, LoRA rank).
