@@ -63,7 +63,7 @@ def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
     return normalized
 
 
-def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
+def with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
     """``message`` with its tool calls' JSON-string arguments as objects, as vLLM hands them
     to templates: the real templates (Qwen2.5, Llama 3.1, gpt-oss, Mistral) write
     ``arguments | tojson``, which would quote a string a second time (Qwen3-Coder's raises)."""
@@ -167,7 +167,7 @@ class PromptBuilder:
                 return text
         text = str(
             self.tokenizer.apply_chat_template(
-                [_with_argument_objects(m) for m in messages],
+                [with_argument_objects(m) for m in messages],
                 tools=tools or None,
                 add_generation_prompt=True,
                 tokenize=False,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from art_core.engines.tokenizer import ChatTokenizer
-from art_core.gateway.prompts import PromptBuilder
+from art_core.gateway.prompts import PromptBuilder, with_argument_objects
 from art_core.sft.data import AssistantTurns, ChatTurn, Demonstration, chat_turns
 from art_core.training.sequences import TokenSequence, assemble_sequences
 from art_core.training.sft import SFTRecord
@@ -94,7 +94,7 @@ class SFTRenderer:
 
     def __init__(self, chat: ChatTokenizer) -> None:
         self.chat = chat
-        self.prompts = PromptBuilder(chat.tokenizer, chat.eos_token_ids)
+        self.prompts = PromptBuilder(chat.tokenizer, chat.eos_token_ids, chat_format=chat.format)
         self._end_texts = sorted(
             {chat.tokenizer.decode([i], skip_special_tokens=False) for i in chat.eos_token_ids}
             - {""},
@@ -148,7 +148,7 @@ class SFTRenderer:
     # ------------------------------------------------------------------------------ rendering
     def _full_text(self, turn: ChatTurn) -> str:
         text = self.chat.tokenizer.apply_chat_template(
-            [*turn.messages, turn.answer],
+            [with_argument_objects(m) for m in [*turn.messages, turn.answer]],
             tools=turn.tools or None,
             add_generation_prompt=False,
             tokenize=False,
