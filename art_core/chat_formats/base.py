@@ -54,6 +54,17 @@ class ToolCallFormat(ABC):
         """Lark rules (``calls`` is the entry rule) for one call of one of ``tools`` (several
         with ``parallel``), spelled as this format writes them."""
 
+    def parse_stream(self, text: str) -> ParsedAnswer:
+        """For ``parses_every_answer`` formats: the reasoning and content of an answer
+        still being sampled (messages that may become calls held back)."""
+        return self.parse(text, {})
+
+    def turn_end(self, text: str, start: int) -> tuple[int, str] | None:
+        """Where the assistant turn rendered from ``start`` of a template's ``text`` ends and
+        with which end text, when the format knows better than "the first end-of-turn
+        token" (a harmony turn holds several messages); None: it does not."""
+        return None
+
     def new_call_id(self) -> str:
         """The id of a call this format hands out."""
         return openai_call_id()

@@ -129,7 +129,7 @@ class ChatFormat:
         """(reasoning, content) of an answer still being sampled that can be sent now: the
         same text the whole answer's ``parse`` gives, less what may still change."""
         if self.tools.parses_every_answer:
-            parsed = self.tools.parse(text, {}, streaming=True)  # type: ignore[call-arg]
+            parsed = self.tools.parse_stream(text)
             return parsed.reasoning, parsed.content or ""
         reasoning = None
         if self.reasoning is not None:
@@ -145,11 +145,9 @@ class ChatFormat:
     def turn_end(self, text: str, start: int, end_texts: Sequence[str]) -> tuple[int, str] | None:
         """Where an assistant turn rendered from ``start`` of a template's ``text`` ends, and
         with which end text (the first of ``end_texts``, unless the format knows better)."""
-        own = getattr(self.tools, "turn_end", None)
-        if own is not None:
-            found = own(text, start)
-            if found is not None:
-                return found  # type: ignore[no-any-return]
+        found = self.tools.turn_end(text, start)
+        if found is not None:
+            return found
         ends = [(i, end) for end in end_texts if (i := text.find(end, start)) >= 0]
         return min(ends, key=lambda found: found[0]) if ends else None
 

@@ -52,6 +52,9 @@ class HarmonyFormat(ToolCallFormat):
     tokens = (START, END, MESSAGE, CHANNEL, CONSTRAIN, CALL, RETURN)
     parses_every_answer = True
 
+    def parse_stream(self, text: str) -> ParsedAnswer:
+        return self.parse(text, {}, streaming=True)
+
     def parse(self, text: str, tools: ToolIndex, *, streaming: bool = False) -> ParsedAnswer:
         """See ``ToolCallFormat.parse``; ``streaming``: the answer so far, whose messages to
         a recipient are held back (they become calls, or content once known not to be)."""
