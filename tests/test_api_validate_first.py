@@ -167,6 +167,7 @@ def test_unreleased_rollouts_are_bounded_by_bytes(
             http, f"flood-{i}-{uuid.uuid4().hex}", metadata={"m": "x" * 60_000}, junk="y" * 200_000
         )
     grown = rss_mb(server.pid) - before
+    print(f"server RSS grew {grown:.1f} MB over 62 MB of unreleased calls")  # with -s
     assert grown < 32, f"server RSS grew {grown:.1f} MB over 62 MB of unreleased calls"
     # The first rollout left memory, not the record: it goes on from disk.
     chat(http, first, messages=[{"role": "user", "content": "again"}])
