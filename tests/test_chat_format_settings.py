@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import httpx
 import pytest
+import pytest_asyncio
 
 import art_core as art
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art.LocalBackend]:
+    """This module's own backend, closed after it: the models it loads do not stay loaded
+    for the rest of the session."""
+    async with art.LocalBackend(path=tmp_path_factory.mktemp("formats")) as local:
+        yield local
 
 
 async def test_a_named_tool_call_parser_is_the_one_served(backend: art.LocalBackend) -> None:

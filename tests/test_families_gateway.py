@@ -10,15 +10,26 @@ run on it at temperature 1: whatever it samples under the grammar must be a call
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from safetensors.torch import load_file
 
 import art_core as art
 from art_core.testing.checks import assert_token_exact
 from art_core.testing.fine_tuned import fine_tuned_stand_in
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art.LocalBackend]:
+    """This module's own backend, closed after it: the models it loads (one per family)
+    do not stay loaded for the rest of the session."""
+    async with art.LocalBackend(path=tmp_path_factory.mktemp("families")) as local:
+        yield local
+
 
 FAMILIES = ["qwen2.5", "qwen3", "qwen3-coder", "llama3", "mistral", "gpt-oss", "gemma3"]
 # The format each family's template is detected as.

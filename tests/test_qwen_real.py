@@ -11,15 +11,26 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+import pytest_asyncio
 
 import art_core as art
 from art_core.embedded import models_dir
 from art_core.testing.checks import assert_token_exact
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art.LocalBackend]:
+    """This module's own backend, closed after it: the models it loads do not stay loaded
+    for the rest of the session."""
+    async with art.LocalBackend(path=tmp_path_factory.mktemp("qwen-real")) as local:
+        yield local
+
 
 pytestmark = pytest.mark.slow
 
