@@ -47,6 +47,23 @@ class ParsedAnswer:
         return message
 
 
+def answer_with_calls(
+    text: str, kept: list[str], calls: list[dict[str, Any]], truncated: bool, parser: str
+) -> ParsedAnswer:
+    """The answer of a format whose calls sit among text: the text around them (``kept``,
+    trailing whitespace dropped) is the content, or None; ``text`` as it is when it held no
+    call at all.
+
+    Example:
+        >>> answer_with_calls("hi", ["hi"], [], False, "hermes").content
+        'hi'
+    """
+    if not calls and not truncated:
+        return ParsedAnswer(content=text)
+    content = "".join(kept).rstrip()
+    return ParsedAnswer(content or None, calls, truncated=truncated, parser=parser)
+
+
 def tool_call(name: str, arguments: str, call_id: str) -> dict[str, Any]:
     """An OpenAI tool call.
 

@@ -14,7 +14,12 @@ import json
 import re
 from typing import Any, ClassVar
 
-from art_core.chat_formats.answer import ParsedAnswer, arguments_json, tool_call
+from art_core.chat_formats.answer import (
+    ParsedAnswer,
+    answer_with_calls,
+    arguments_json,
+    tool_call,
+)
 from art_core.chat_formats.base import ToolCallFormat, ToolIndex
 from art_core.chat_formats.markup import Markup
 from art_core.chat_formats.schemas import call_object_schemas, json_rule, one_of
@@ -64,12 +69,7 @@ class HermesFormat(ToolCallFormat):
             if partial is not None:
                 calls.append(partial)
         kept.append(rest)
-        if not calls and not truncated:
-            return ParsedAnswer(content=text)
-        content = "".join(kept).rstrip()
-        return ParsedAnswer(
-            content=content or None, tool_calls=calls, truncated=truncated, parser=self.name
-        )
+        return answer_with_calls(text, kept, calls, truncated, self.name)
 
     def grammar(self, tools: list[dict[str, Any]], *, parallel: bool, markup: Markup) -> str:
         schemas, defs = call_object_schemas(tools)

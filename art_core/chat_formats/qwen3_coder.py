@@ -20,7 +20,12 @@ import json
 import re
 from typing import Any
 
-from art_core.chat_formats.answer import ParsedAnswer, arguments_json, tool_call
+from art_core.chat_formats.answer import (
+    ParsedAnswer,
+    answer_with_calls,
+    arguments_json,
+    tool_call,
+)
 from art_core.chat_formats.base import ToolCallFormat, ToolIndex
 from art_core.chat_formats.markup import Markup
 from art_core.chat_formats.schemas import embeddable, json_rule
@@ -130,10 +135,7 @@ class Qwen3CoderFormat(ToolCallFormat):
                 if partial is not None:
                     calls.append(partial)
         kept.append(rest)
-        if not calls and not truncated:
-            return ParsedAnswer(content=text)
-        content = "".join(kept).rstrip()
-        return ParsedAnswer(content or None, calls, truncated=truncated, parser=self.name)
+        return answer_with_calls(text, kept, calls, truncated, self.name)
 
     def _partial(self, block: str, tools: ToolIndex) -> dict[str, Any] | None:
         """A call cut inside its ``<function=`` markup: its tool when certain, no arguments."""
