@@ -321,10 +321,14 @@ async def test_heavy_requests_do_not_block_the_event_loop(
         a.text[:300] for a in answers
     ]
     assert "context" in answers[2].json()["error"]["message"]  # checked, rendered, too long
-    # A blocked loop stalls for the whole heavy work (seconds); on a machine busy with other
-    # processes, a Python thread of its own (the control) stalls too, and the loop, which
-    # also shares the GIL with the worker threads doing the heavy work, up to about twice.
-    assert lag < 0.2 or lag < 2 * control_lag[0] + 0.1, (
+    # A blocked loop stalls for the whole heavy work: the regressions this guards against
+    # held it for ~24 s (a schema compiled on the loop) and seconds (a prompt tokenized on
+    # it). A loop that only waits for the GIL, which it shares with the worker threads doing
+    # the heavy work, lags by a few switch intervals, more on a machine busy with other
+    # processes, where a Python thread of its own (the control) stalls too. The bound sits
+    # well between the two so that only the first kind fails, however busy the machine.
+    print(f"loop lag {lag * 1000:.0f} ms, control thread {control_lag[0] * 1000:.0f} ms")
+    assert lag < 1.0 or lag < 3 * control_lag[0] + 0.2, (
         f"the gateway's event loop stalled for {lag * 1000:.0f} ms "
         f"(a thread of its own: {control_lag[0] * 1000:.0f} ms)"
     )

@@ -12,7 +12,10 @@ scenarios (not counted as training rollouts) reaches ``TARGET``.
 Over seeds 0-4 (same settings) dynamic sampling reached the target with 172-236 rollouts in
 6-16 steps every time; the plain loop with 96, 208, 224 rollouts (12-28 steps), and twice not
 within 40 steps (320 rollouts). In expectation both pay ~1/p rollouts per success in this
-regime; dynamic sampling turns each into a training step and does not waste steps.
+regime; dynamic sampling turns each into a training step and does not waste steps. So the test
+asserts that (every step trains, the target is reached) and prints the rollout counts: which
+loop needs fewer in total depends on the seed (and on the numerics of the torch build: with
+seed 1, the plain loop needed 168 and dynamic sampling 216 on torch 2.13 / transformers 5.24).
 """
 
 from __future__ import annotations
@@ -142,9 +145,7 @@ async def train_until_target(path: Path, dynamic: bool) -> Outcome:
     )
 
 
-async def test_dynamic_sampling_trains_every_step_and_needs_fewer_rollouts(
-    tmp_path: Path,
-) -> None:
+async def test_dynamic_sampling_trains_every_step(tmp_path: Path) -> None:
     plain = await train_until_target(tmp_path / "plain", dynamic=False)
     dynamic = await train_until_target(tmp_path / "dynamic", dynamic=True)
     for name, run in (("plain", plain), ("dynamic sampling", dynamic)):
@@ -153,13 +154,15 @@ async def test_dynamic_sampling_trains_every_step_and_needs_fewer_rollouts(
             f"\n{name}: {run.rollouts} rollouts, {run.steps} steps ({run.trained_steps} trained "
             f"on something), {run.seconds:.0f} s; eval by step: {curve}. {run.scenarios}"
         )
-    # The plain loop: most steps had no group with a signal.
+    # The plain loop: most steps had no group with a signal, so most of its rollouts were
+    # spent on steps that trained nothing.
     assert plain.trained_steps < plain.steps / 2
-    # Dynamic sampling: every step trained on at least one informative group, and the
-    # target was reached, with fewer rollouts.
+    # Dynamic sampling: every step trained on at least one informative group, no rollout was
+    # spent on a step that trained nothing, and the target was reached. How many rollouts each
+    # loop needs in total varies with the seed more than between the loops (both pay ~1/p per
+    # success in this regime), so it is printed above, not asserted.
     assert dynamic.trained_steps == dynamic.steps
     assert dynamic.curve[-1] >= TARGET
-    assert dynamic.rollouts < plain.rollouts
     # What was sampled reached history.jsonl with each training step.
     assert dynamic.history.count('"train/sampling_groups_all_equal"') == dynamic.steps
     assert '"train/scenarios_never_solved"' in dynamic.history
