@@ -30,12 +30,15 @@ class Run:
         self.rollout_id = rollout_id
         self.metadata = metadata
         root = model.inference_base_url.removesuffix("/").removesuffix("/v1")
-        self.base_url = f"{root}/rollouts/{rollout_id}/v1"
+        # Anthropic's clients append /v1/messages to their base URL; OpenAI's append
+        # /responses, /chat/completions, /completions to theirs, which ends in /v1.
+        self.anthropic_base_url = f"{root}/rollouts/{rollout_id}"
+        self.base_url = f"{self.anthropic_base_url}/v1"
         self.start_time = time.time()
         self.end_time: float | None = None
         self._final_calls: list[LLMCall] | None = None
         # Clients handed out for this rollout: their connections close when it ends.
-        self._clients: list[AsyncOpenAI | OpenAI] = []
+        self._clients: list[Any] = []
 
     @property
     def model_name(self) -> str:
@@ -52,6 +55,54 @@ class Run:
         """The synchronous ``openai.OpenAI`` equivalent, for sync agent code (closed with the
         capture block too)."""
         client = sync_openai_client(self.base_url, self.model.inference_api_key or "art", **kwargs)
+        self._clients.append(client)
+        return client
+
+    def env(self) -> dict[str, str]:
+        """The environment a subprocess agent needs to send its calls to this rollout, in
+        whichever API it speaks: the base URLs and API keys OpenAI's and Anthropic's clients
+        read, and this model's name under the variables agents read it from. Merge it into
+        the subprocess's environment.
+
+        Example:
+            >>> async with capture(model) as run:  # doctest: +SKIP
+            ...     subprocess.run(["my-agent"], env={**os.environ, **run.env()})
+        """
+        key = self.model.inference_api_key or "art"
+        name = self.model_name
+        return {
+            "OPENAI_BASE_URL": self.base_url,
+            "OPENAI_API_BASE": self.base_url,  # older clients (openai<1, LiteLLM)
+            "OPENAI_API_KEY": key,
+            "OPENAI_MODEL": name,
+            "ANTHROPIC_BASE_URL": self.anthropic_base_url,
+            "ANTHROPIC_API_KEY": key,
+            "ANTHROPIC_MODEL": name,
+            # The smaller model Anthropic-speaking agents use for side tasks: the same one,
+            # so every call of the run is recorded and trained.
+            "ANTHROPIC_SMALL_FAST_MODEL": name,
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": name,
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": name,
+            "ANTHROPIC_DEFAULT_OPUS_MODEL": name,
+            "ART_MODEL": name,
+            "ART_ROLLOUT_ID": self.rollout_id,
+        }
+
+    def anthropic_client(self, **kwargs: Any) -> Any:
+        """An ``anthropic.AsyncAnthropic`` client whose calls are recorded in this rollout
+        (needs the ``anthropic`` package); closed with the capture block.
+
+        Example:
+            >>> async with capture(model) as run:  # doctest: +SKIP
+            ...     await run.anthropic_client().messages.create(model=run.model_name, ...)
+        """
+        from anthropic import AsyncAnthropic
+
+        client = AsyncAnthropic(
+            base_url=self.anthropic_base_url,
+            api_key=self.model.inference_api_key or "art",
+            **kwargs,
+        )
         self._clients.append(client)
         return client
 

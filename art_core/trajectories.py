@@ -73,6 +73,10 @@ class LLMCall(BaseModel):
     adapter_step: int = 0
     # The replica that served it, when the model is served by several (``replicas=N``).
     replica: int | None = None
+    # The wire API the call came through: "chat.completions", "responses" (OpenAI
+    # Responses), "messages" (Anthropic Messages) or "completions". Whatever it was, the
+    # call is recorded in one shape: chat messages and tools, prompt and sampled ids.
+    api: str = "chat.completions"
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     request_params: dict[str, Any] = Field(default_factory=dict)

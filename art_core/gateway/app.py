@@ -1,10 +1,14 @@
-"""The OpenAI-compatible HTTP front: serves chat completions and records every call.
+"""The HTTP front agents talk to: serves four wire APIs and records every call.
 
 Routes (each also under ``/rollouts/{rollout_id}``, which scopes the calls to one rollout):
-``GET /v1/models``, ``POST /v1/chat/completions`` (``stream: true`` answers as SSE), plus
-``GET /health``. A request goes: body (``body``) -> validated and translated to token ids
-(``requests``) -> sampled and recorded (``recording``) -> answered as JSON (``responses``) or
-SSE (``streaming``). Errors are ``errors.APIError`` in OpenAI's shape.
+``GET /v1/models``, ``POST /v1/chat/completions`` (``stream: true`` answers as SSE), and
+the other wire APIs, one module each under ``apis``: ``POST /v1/responses`` (OpenAI
+Responses), ``POST /v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic Messages),
+``POST /v1/completions``; plus ``GET /health``. A chat request goes: body (``body``) ->
+validated and translated to token ids (``requests``) -> sampled and recorded
+(``recording``) -> answered as JSON (``responses``) or SSE (``streaming``); the other APIs
+translate their request to a chat request at their edge and their answer back. Errors are
+``errors.APIError``, in OpenAI's shape (Anthropic's on its routes).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from starlette.routing import Route
 
 from art_core.engines.base import Engine, EngineError
 from art_core.engines.tokenizer import ChatTokenizer
+from art_core.gateway.apis import completions as completions_api
+from art_core.gateway.apis import messages as messages_api
+from art_core.gateway.apis import responses as responses_api
 from art_core.gateway.body import DEFAULT_MAX_BODY_BYTES, read_body
 from art_core.gateway.errors import APIError, engine_error, internal_error, scrub_paths
 from art_core.gateway.prompts import PromptBuilder
@@ -87,6 +94,9 @@ class Gateway:
         self.model_loader = model_loader
         # Set to a StageLog to record where each request's time goes (the benchmark does).
         self.stage_log: StageLog | None = None
+        # Request fields accepted and left out of the prompt, by API, each logged once.
+        self.ignored_fields_logged: set[tuple[str, str]] = set()
+        self.responses = responses_api.ResponseStore()
         self.routes = []
         for prefix in ("", "/rollouts/{rollout_id}"):
             self.routes += [
@@ -99,6 +109,26 @@ class Gateway:
                 Route(
                     f"{prefix}/v1/chat/completions",
                     answered(self.chat_completions),
+                    methods=["POST"],
+                ),
+                Route(
+                    f"{prefix}/v1/responses",
+                    answered(self.bound(responses_api.create)),
+                    methods=["POST"],
+                ),
+                Route(
+                    f"{prefix}/v1/messages",
+                    answered(self.bound(messages_api.create), messages_api.error_response),
+                    methods=["POST"],
+                ),
+                Route(
+                    f"{prefix}/v1/messages/count_tokens",
+                    answered(self.bound(messages_api.count_tokens), messages_api.error_response),
+                    methods=["POST"],
+                ),
+                Route(
+                    f"{prefix}/v1/completions",
+                    answered(self.bound(completions_api.create)),
                     methods=["POST"],
                 ),
             ]
@@ -114,6 +144,15 @@ class Gateway:
 
     def add(self, served: ServedModel) -> None:
         self.models[served.name] = served
+
+    def bound(self, handler: Callable[[Gateway, Request], Awaitable[Response]]) -> Endpoint:
+        """An API module's ``handler(gateway, request)`` as this gateway's endpoint."""
+
+        async def endpoint(request: Request) -> Response:
+            return await handler(self, request)
+
+        endpoint.__name__ = getattr(handler, "__name__", "endpoint")
+        return endpoint
 
     @staticmethod
     async def on_api_error(request: Request, exc: Exception) -> Response:
@@ -230,10 +269,17 @@ class Gateway:
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def answered(endpoint: Endpoint) -> Endpoint:
+def _openai_error(error: APIError) -> Response:
+    return error.response()
+
+
+def answered(
+    endpoint: Endpoint, error_response: Callable[[APIError], Response] = _openai_error
+) -> Endpoint:
     """``endpoint`` answering its own errors: ``APIError`` as itself, anything else as a 500
-    (logged, without paths). Returning the answer, rather than letting Starlette's error
-    middleware send it and re-raise, keeps the client's keep-alive connection open.
+    (logged, without paths), each in the API's error shape (``error_response``; OpenAI's by
+    default). Returning the answer, rather than letting Starlette's error middleware send it
+    and re-raise, keeps the client's keep-alive connection open.
 
     Example:
         >>> Route("/health", answered(gateway.health))  # doctest: +SKIP
@@ -243,10 +289,10 @@ def answered(endpoint: Endpoint) -> Endpoint:
         try:
             return await endpoint(request)
         except APIError as exc:
-            return exc.response()
+            return error_response(exc)
         except Exception as exc:
             logger.exception("internal error on %s", request.url.path)
-            return internal_error(exc).response()
+            return error_response(internal_error(exc))
 
     guarded.__name__ = getattr(endpoint, "__name__", "endpoint")
     return guarded

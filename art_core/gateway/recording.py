@@ -66,6 +66,7 @@ def to_llm_call(
         model=call.chat.model,
         adapter_step=result.adapter_step,
         replica=result.replica,
+        api=call.api,
         messages=call.messages,
         tools=call.tools,
         request_params=call.request_params,

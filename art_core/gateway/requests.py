@@ -76,6 +76,8 @@ class PreparedCall:
     clock: StageClock | None = None  # where the time goes, when the gateway records it
     # The prompt ends inside a reasoning block (the answer starts in it).
     opened_reasoning: bool = False
+    # The wire API the request came through (recorded with each call).
+    api: str = "chat.completions"
 
     @property
     def parses_tools(self) -> bool:
@@ -206,7 +208,12 @@ def grammar_for(
     return None
 
 
-def _token_limit(chat: ChatCompletionRequest, served: ServedModel, prompt_len: int) -> int:
+def _token_limit(
+    chat: ChatCompletionRequest, served: ServedModel, prompt_len: int, fit: bool = False
+) -> int:
+    """The most tokens to sample: the request's limit (or the served default), which must fit
+    the context after the prompt; with ``fit``, a limit that does not is lowered to what the
+    context leaves (agents of the Responses and Messages APIs ask for 32k by habit)."""
     context = served.engine.context_length
     if prompt_len >= context:
         raise APIError(
@@ -218,6 +225,8 @@ def _token_limit(chat: ChatCompletionRequest, served: ServedModel, prompt_len: i
     limit = chat.token_limit
     if limit is None:
         return min(served.default_max_tokens, context - prompt_len)
+    if fit:
+        return min(limit, context - prompt_len)
     if prompt_len + limit > context:
         raise APIError(
             400,
@@ -260,8 +269,16 @@ async def prepare_call(
     request: ChatRequest,
     *,
     rollout_id: str | None,
+    api: str = "chat.completions",
+    request_params: dict[str, Any] | None = None,
+    fit_max_tokens: bool = False,
 ) -> PreparedCall:
-    """Render, tokenize and check one request for ``served`` (see the module)."""
+    """Render, tokenize and check one request for ``served`` (see the module).
+
+    The other wire APIs translate their requests to a chat request and come here too:
+    ``api`` names theirs, ``request_params`` are their own recorded parameters, and
+    ``fit_max_tokens`` lowers a token limit the context cannot hold (the lowered value is
+    recorded as ``request_params["max_tokens_fitted"]``)."""
     chat = request.chat
     messages = [normalize_message(m.model_dump(exclude_none=True)) for m in chat.messages]
     tools = [t.model_dump(exclude_none=True) for t in chat.tools] if chat.tools else None
@@ -279,7 +296,12 @@ async def prepare_call(
             )
     except Exception as exc:  # a template that cannot render these messages
         raise APIError(400, f"cannot render the messages with the chat template: {exc}") from None
-    limit = _token_limit(chat, served, len(prompt_ids))
+    limit = _token_limit(chat, served, len(prompt_ids), fit=fit_max_tokens)
+    params_recorded = (
+        recorded_params(request.payload) if request_params is None else dict(request_params)
+    )
+    if chat.token_limit is not None and limit < chat.token_limit:
+        params_recorded["max_tokens_fitted"] = limit
     chat_format = served.chat.format
     opened_reasoning = chat_format.opened_reasoning(prompt_ids)
     params = SamplingParams(
@@ -300,12 +322,13 @@ async def prepare_call(
         tools=tools,
         rollout_id=rollout_id,
         metadata=request.metadata,
-        request_params=recorded_params(request.payload),
+        request_params=params_recorded,
         prompt_ids=prompt_ids,
         params=params,
         adapter=adapter,
         index=served.store.next_index(rollout_id),
         opened_reasoning=opened_reasoning,
+        api=api,
     )
 
 

@@ -78,6 +78,13 @@ def build_app(service: Service) -> ASGIApp:
             app,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
-            allow_headers=["authorization", "content-type", "x-art-metadata"],
+            allow_headers=[
+                "authorization",
+                "content-type",
+                "x-art-metadata",
+                "x-api-key",
+                "anthropic-version",
+                "anthropic-beta",
+            ],
         )
     return app

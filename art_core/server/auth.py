@@ -1,4 +1,8 @@
-"""Bearer-token authentication for every route of the service (API and gateway alike)."""
+"""Token authentication for every route of the service (API and gateway alike).
+
+The token comes as ``Authorization: Bearer <token>`` (OpenAI's clients) or as ``x-api-key``
+(Anthropic's clients); either is accepted wherever the other is.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +14,24 @@ from art_core.gateway.errors import error_body, send_json
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header, if any.
+    """The token of an ``Authorization: Bearer <token>`` header, or else of an ``x-api-key``
+    header (what Anthropic's clients send), if any.
 
     Example:
         >>> bearer_token([(b"authorization", b"Bearer abc")])
         'abc'
+        >>> bearer_token([(b"x-api-key", b"abc")])
+        'abc'
     """
+    api_key = None
     for name, value in headers:
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
             if scheme.lower() == "bearer" and token.strip():
                 return token.strip()
-    return None
+        elif name == b"x-api-key" and value.strip():
+            api_key = value.decode("latin-1").strip()
+    return api_key
 
 
 def token_matches(given: str | None, expected: str) -> bool:
@@ -32,7 +42,8 @@ def token_matches(given: str | None, expected: str) -> bool:
 
 
 class BearerAuth:
-    """ASGI middleware: 401 unless the request carries ``Authorization: Bearer <token>``.
+    """ASGI middleware: 401 unless the request carries the token (``Authorization: Bearer
+    <token>`` or ``x-api-key: <token>``).
 
     The openai client sends its ``api_key`` this way, so rollouts authenticate by using the
     token as their API key (``RemoteBackend`` sets ``model.inference_api_key`` to it).
@@ -59,7 +70,8 @@ class BearerAuth:
             send,
             401,
             error_body(
-                "missing or wrong bearer token: send 'Authorization: Bearer <token>' "
+                "missing or wrong bearer token: send 'Authorization: Bearer <token>' or "
+                "'x-api-key: <token>' "
                 "(the token art-core serve printed or was given)",
                 type="authentication_error",
                 code="invalid_api_key",

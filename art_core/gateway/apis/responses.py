@@ -1,0 +1,858 @@
+"""OpenAI Responses (``POST /v1/responses``) at the gateway's edge.
+
+A request becomes the gateway's chat request (``translate``); the recorded call becomes a
+``response`` object (``response_body``) or its documented event stream (``stream_events``).
+
+Supported: ``input`` as a string or items: messages (roles ``user``, ``assistant``,
+``system``, ``developer``; content as a string or ``input_text`` / ``output_text`` parts),
+``function_call`` / ``function_call_output``, ``custom_tool_call`` /
+``custom_tool_call_output``, ``reasoning`` items (their text carried as the assistant turn's
+reasoning); ``instructions``; tools of type ``function`` (strict or not), ``custom`` (free
+text, or constrained by a ``regex`` grammar; a ``lark`` grammar is accepted and not
+enforced) and ``namespace`` (its tools, named ``{namespace}__{name}`` to the model when the
+namespace is not empty); ``tool_choice`` (``auto`` / ``none`` / ``required``, a named
+function or custom tool, ``allowed_tools`` by its mode); ``parallel_tool_calls``,
+``max_output_tokens`` (lowered to fit the context, recorded), ``temperature``, ``top_p``,
+``text.format`` (``text`` / ``json_object`` / ``json_schema``), ``metadata``, ``stream``,
+``previous_response_id`` (continues a response this gateway answered and kept: ``store``
+false keeps nothing) and ``store``.
+
+Accepted and left out of the prompt, named in each call's ``request_params.ignored_fields``
+(and logged once): hosted tools the gateway cannot run (``web_search``, ``file_search``,
+``code_interpreter``, ``computer_use_preview``, ``image_generation``, ``mcp``, ``shell``, ...;
+also listed in ``request_params.ignored_tools``), ``reasoning``, ``include`` (except
+``reasoning.encrypted_content``, which returns the reasoning text as the item's
+``encrypted_content`` for clients that echo it back), ``prompt_cache_key``, ``service_tier``,
+``truncation``, ``user``, ``safety_identifier``, ``max_tool_calls``, ``top_logprobs``,
+``stream_options``, ``context_management`` and any other field; items of hosted tool calls in
+the input.
+
+Refused (400): images and files in the input (text models), ``item_reference`` items,
+``conversation``, ``prompt`` templates, ``background: true``, an unknown
+``previous_response_id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from art_core.engines.base import EngineError
+from art_core.gateway.apis.edge import (
+    Translated,
+    log_ignored,
+    prepare_translated,
+    read_translated,
+    recorded_fields,
+)
+from art_core.gateway.deltas import Recorded, StreamedText, sampled_deltas
+from art_core.gateway.errors import APIError, engine_error, internal_error
+from art_core.gateway.recording import sample_and_record
+from art_core.gateway.requests import PreparedCall
+from art_core.gateway.responses import completion_response
+from art_core.trajectories import LLMCall, new_id
+
+if TYPE_CHECKING:
+    from art_core.gateway.app import Gateway
+
+API = "responses"
+# Fields this module serves (the rest are accepted, ignored and named in the record).
+SERVED_FIELDS = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "text",
+        "metadata",
+        "stream",
+        "previous_response_id",
+        "store",
+    }
+)
+# Recorded in fields of their own (messages, tools, metadata) or not about sampling.
+NOT_RECORDED = frozenset({"input", "instructions", "tools", "metadata", "stream"})
+HOSTED_TOOL_HINT = "hosted tools the gateway cannot run are accepted and left out"
+# Items in ``input`` that record what a hosted tool did (the gateway never returns them).
+HOSTED_CALL_ITEMS = frozenset(
+    {
+        "web_search_call",
+        "file_search_call",
+        "computer_call",
+        "computer_call_output",
+        "code_interpreter_call",
+        "image_generation_call",
+        "local_shell_call",
+        "local_shell_call_output",
+        "shell_call",
+        "shell_call_output",
+        "apply_patch_call",
+        "apply_patch_call_output",
+        "mcp_call",
+        "mcp_list_tools",
+        "mcp_approval_request",
+        "mcp_approval_response",
+        "tool_search_call",
+        "tool_search_output",
+        "compaction",
+    }
+)
+MAX_ITEMS = 4096
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+CUSTOM_INPUT = "input"  # a custom tool's free text, as the one argument the model writes
+
+
+def _bad(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def _text_of(content: Any, where: str) -> str:
+    """The text of a message's content (a string or a list of text parts)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(f"{where}.content must be a string or a list of content parts", where)
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise _bad(f"{where}.content.{i} must be an object", f"{where}.content.{i}")
+        kind = part.get("type")
+        if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise _bad(f"{where}.content.{i}.text must be a string", f"{where}.content.{i}")
+            texts.append(text)
+        elif kind == "refusal":
+            texts.append(str(part.get("refusal") or ""))
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise _bad(
+                f"{where}.content.{i}: {kind} is not supported: the gateway serves text models",
+                f"{where}.content.{i}",
+            )
+        else:
+            raise _bad(f"{where}.content.{i}: unknown content part type {kind!r}", where)
+    return "".join(texts)
+
+
+@dataclass
+class ToolNames:
+    """The tools of a request as the model sees them: function tools, custom tools as a
+    function of one string argument, namespaced tools flattened."""
+
+    chat_tools: list[dict[str, Any]] = field(default_factory=list)
+    custom: set[str] = field(default_factory=set)  # model-side names of custom tools
+    # model-side name -> (namespace, name) for tools in a namespace
+    namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)  # hosted tool types left out
+
+    def model_name(self, name: str, namespace: str | None) -> str:
+        return f"{namespace}__{name}" if namespace else name
+
+
+def _tools(raw: Any) -> ToolNames:
+    names = ToolNames()
+    if raw is None:
+        return names
+    if not isinstance(raw, list):
+        raise _bad("tools must be a list", "tools")
+
+    def add(tool: dict[str, Any], where: str, namespace: str | None) -> None:
+        kind = tool.get("type")
+        name = tool.get("name")
+        if kind not in ("function", "custom"):
+            names.ignored.append(str(kind)[:64])
+            return
+        if not isinstance(name, str) or not NAME.match(name):
+            raise _bad(f"{where}.name must be 1-64 letters, digits, '_' or '-'", f"{where}.name")
+        model_name = names.model_name(name, namespace)
+        if not NAME.match(model_name):
+            raise _bad(
+                f"{where}: {namespace!r}__{name!r} is longer than the 64 characters of a tool name",
+                where,
+            )
+        description = tool.get("description")
+        if description is not None and not isinstance(description, str):
+            raise _bad(f"{where}.description must be a string", f"{where}.description")
+        if kind == "function":
+            parameters = tool.get("parameters")
+            if parameters is None:
+                parameters = {"type": "object", "properties": {}}
+            function = {"name": model_name, "parameters": parameters}
+            if isinstance(tool.get("strict"), bool):
+                function["strict"] = tool["strict"]
+        else:
+            names.custom.add(model_name)
+            text_schema: dict[str, Any] = {"type": "string"}
+            fmt = tool.get("format")
+            if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+                syntax, definition = fmt.get("syntax"), fmt.get("definition")
+                if not isinstance(definition, str) or syntax not in ("regex", "lark"):
+                    raise _bad(
+                        f"{where}.format: a grammar needs syntax 'regex' or 'lark' and a "
+                        "definition",
+                        f"{where}.format",
+                    )
+                if syntax == "regex":
+                    # A JSON Schema pattern matches anywhere in the string: anchored, the
+                    # whole input must match, as a custom tool's regex grammar means.
+                    text_schema["pattern"] = f"^(?:{definition})$"
+            function = {
+                "name": model_name,
+                "parameters": {
+                    "type": "object",
+                    "properties": {CUSTOM_INPUT: text_schema},
+                    "required": [CUSTOM_INPUT],
+                    "additionalProperties": False,
+                },
+            }
+        if description:
+            function["description"] = description
+        if namespace:
+            names.namespaced[model_name] = (namespace, name)
+        names.chat_tools.append({"type": "function", "function": function})
+
+    for i, tool in enumerate(raw):
+        where = f"tools.{i}"
+        if not isinstance(tool, dict):
+            raise _bad(f"{where} must be an object", where)
+        if tool.get("type") == "namespace":
+            namespace, inner = tool.get("name"), tool.get("tools")
+            if not isinstance(namespace, str) or not isinstance(inner, list):
+                raise _bad(f"{where}: a namespace needs a name and tools", where)
+            for j, member in enumerate(inner):
+                if not isinstance(member, dict):
+                    raise _bad(f"{where}.tools.{j} must be an object", f"{where}.tools.{j}")
+                add(member, f"{where}.tools.{j}", namespace or None)
+        else:
+            add(tool, where, None)
+    return names
+
+
+def _tool_choice(raw: Any, names: ToolNames) -> Any:
+    if raw is None or raw in ("auto", "none", "required"):
+        return raw
+    if not isinstance(raw, dict):
+        raise _bad("tool_choice must be 'auto', 'none', 'required' or an object", "tool_choice")
+    kind = raw.get("type")
+    if kind in ("function", "custom"):
+        name = raw.get("name")
+        if not isinstance(name, str):
+            raise _bad("a named tool_choice needs a name", "tool_choice")
+        model_name = names.model_name(name, raw.get("namespace"))
+        if not any(t["function"]["name"] == model_name for t in names.chat_tools):
+            raise _bad(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
+        return {"type": "function", "function": {"name": model_name}}
+    if kind == "allowed_tools":
+        return "required" if raw.get("mode") == "required" else "auto"
+    return "auto"  # a hosted tool: the model may call any of its own tools
+
+
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
+    content = item.get("content")
+    if isinstance(content, list) and content:
+        return _text_of(content, where)
+    summary = item.get("summary")
+    if isinstance(summary, list) and summary:
+        return "\n\n".join(_text_of([part], f"{where}.summary") for part in summary)
+    encrypted = item.get("encrypted_content")
+    return encrypted if isinstance(encrypted, str) else ""
+
+
+def _arguments(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise _bad(f"{where}.arguments must be a JSON string", f"{where}.arguments")
+    return value
+
+
+class _Conversation:
+    """Input items folded into chat messages: consecutive assistant items (reasoning, an
+    assistant message, calls) make one assistant turn, as the gateway returned them."""
+
+    def __init__(self, names: ToolNames) -> None:
+        self.names = names
+        self.messages: list[dict[str, Any]] = []
+        self.ignored_items: list[str] = []
+
+    def _assistant(self) -> dict[str, Any]:
+        last = self.messages[-1] if self.messages else None
+        if last is None or last["role"] != "assistant":
+            last = {"role": "assistant", "content": ""}
+            self.messages.append(last)
+        return last
+
+    def add(self, item: Any, where: str) -> None:
+        if not isinstance(item, dict):
+            raise _bad(f"{where} must be an object", where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise _bad(
+                    f"{where}.role must be user, assistant, system or developer", f"{where}.role"
+                )
+            text = _text_of(item.get("content"), where)
+            if role == "assistant":
+                turn = self._assistant()
+                if turn.get("tool_calls"):  # a new answer after calls: its own turn
+                    turn = {"role": "assistant", "content": ""}
+                    self.messages.append(turn)
+                turn["content"] += text
+            else:
+                self.messages.append(
+                    {"role": "system" if role == "developer" else role, "content": text}
+                )
+        elif kind == "reasoning":
+            text = _reasoning_text(item, where)
+            turn = self._assistant()
+            if turn.get("tool_calls") or turn["content"]:
+                turn = {"role": "assistant", "content": ""}
+                self.messages.append(turn)
+            if text:
+                turn["reasoning_content"] = turn.get("reasoning_content", "") + text
+        elif kind in ("function_call", "custom_tool_call"):
+            call_id, name = item.get("call_id"), item.get("name")
+            if not isinstance(call_id, str) or not isinstance(name, str):
+                raise _bad(f"{where}: a {kind} needs call_id and name", where)
+            namespace = item.get("namespace") if isinstance(item.get("namespace"), str) else None
+            model_name = self.names.model_name(name, namespace)
+            if kind == "function_call":
+                arguments = _arguments(item.get("arguments"), where)
+            else:
+                text = item.get("input")
+                if not isinstance(text, str):
+                    raise _bad(f"{where}.input must be a string", f"{where}.input")
+                arguments = orjson.dumps({CUSTOM_INPUT: text}).decode()
+            self._assistant().setdefault("tool_calls", []).append(
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": model_name, "arguments": arguments},
+                }
+            )
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            call_id, output = item.get("call_id"), item.get("output")
+            if not isinstance(call_id, str):
+                raise _bad(f"{where}.call_id must be a string", f"{where}.call_id")
+            text = output if isinstance(output, str) else _text_of(output, f"{where}.output")
+            self.messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        elif kind == "item_reference":
+            raise _bad(
+                f"{where}: item_reference items are not supported; send the items themselves "
+                "or use previous_response_id",
+                where,
+            )
+        elif kind in HOSTED_CALL_ITEMS:
+            self.ignored_items.append(kind)
+        else:
+            raise _bad(f"{where}: unknown input item type {kind!r}", f"{where}.type")
+
+
+def _system_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """System and developer messages before the first other message joined into one (chat
+    templates take one system message, at the start)."""
+    lead = 0
+    while lead < len(messages) and messages[lead]["role"] == "system":
+        lead += 1
+    if lead <= 1:
+        return messages
+    joined = "\n\n".join(m["content"] for m in messages[:lead] if m["content"])
+    return [{"role": "system", "content": joined}, *messages[lead:]]
+
+
+@dataclass
+class StoredResponse:
+    """What a later ``previous_response_id`` continues: the conversation's chat messages
+    (input and answer, without the instructions, which are not carried over)."""
+
+    messages: list[dict[str, Any]]
+    size: int
+
+
+class ResponseStore:
+    """Responses kept for ``previous_response_id``, newest last, bounded by count and bytes
+    (the oldest are forgotten first; continuing one of those is a 400 naming it).
+
+    Example:
+        >>> store = ResponseStore(max_responses=2)
+        >>> store.put("resp_1", [{"role": "user", "content": "hi"}])
+        >>> store.get("resp_1")
+        [{'role': 'user', 'content': 'hi'}]
+    """
+
+    def __init__(self, max_responses: int = 4096, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self.max_responses = max_responses
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._bytes = 0
+
+    def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
+        size = len(orjson.dumps(messages))
+        if size > self.max_bytes:
+            return
+        self._items[response_id] = StoredResponse(messages, size)
+        self._bytes += size
+        while len(self._items) > self.max_responses or self._bytes > self.max_bytes:
+            self._bytes -= self._items.popitem(last=False)[1].size
+
+    def get(self, response_id: str) -> list[dict[str, Any]] | None:
+        stored = self._items.get(response_id)
+        if stored is None:
+            return None
+        self._items.move_to_end(response_id)
+        return stored.messages
+
+
+def translate(payload: dict[str, Any], previous: list[dict[str, Any]] | None = None) -> Translated:
+    """A Responses request as the chat request it becomes (``previous``: the messages of the
+    response it continues).
+
+    Example:
+        >>> translate({"model": "m", "input": "hi", "instructions": "Be brief."}).chat["messages"]
+        [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'hi'}]
+    """
+    for name in ("conversation", "prompt"):
+        if payload.get(name) is not None:
+            raise _bad(
+                f"{name} is not supported: the gateway keeps no conversations or prompt "
+                "templates; send the input (or previous_response_id)",
+                name,
+            )
+    if payload.get("background"):
+        raise _bad("background responses are not supported", "background")
+    names = _tools(payload.get("tools"))
+    conversation = _Conversation(names)
+    raw_input = payload.get("input")
+    if isinstance(raw_input, str):
+        conversation.messages.append({"role": "user", "content": raw_input})
+    elif isinstance(raw_input, list):
+        if len(raw_input) > MAX_ITEMS:
+            raise _bad(f"input has {len(raw_input)} items; at most {MAX_ITEMS}", "input")
+        for i, item in enumerate(raw_input):
+            conversation.add(item, f"input.{i}")
+    elif raw_input is not None:
+        raise _bad("input must be a string or a list of items", "input")
+    instructions = payload.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise _bad("instructions must be a string", "instructions")
+    carried = list(previous or [])
+    head = [{"role": "system", "content": instructions}] if instructions else []
+    messages = _system_first([*head, *carried, *conversation.messages])
+    if not messages:
+        raise _bad("input is empty: nothing to answer", "input")
+    chat: dict[str, Any] = {"model": payload.get("model"), "messages": messages}
+    if names.chat_tools:
+        chat["tools"] = names.chat_tools
+        chat["tool_choice"] = _tool_choice(payload.get("tool_choice"), names)
+        if isinstance(payload.get("parallel_tool_calls"), bool):
+            chat["parallel_tool_calls"] = payload["parallel_tool_calls"]
+    for source, target in (
+        ("max_output_tokens", "max_tokens"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("metadata", "metadata"),
+    ):
+        if payload.get(source) is not None:
+            chat[target] = payload[source]
+    text = payload.get("text")
+    if text is not None and not isinstance(text, dict):
+        raise _bad("text must be an object", "text")
+    fmt = (text or {}).get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        chat["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": fmt.get("name") or "response", "schema": fmt.get("schema")},
+        }
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    elif fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise _bad("text.format.type must be text, json_object or json_schema", "text.format")
+    recorded = recorded_fields(payload, SERVED_FIELDS, NOT_RECORDED)
+    if names.ignored:
+        recorded["ignored_tools"] = names.ignored[:32]
+    if conversation.ignored_items:
+        recorded["ignored_input_items"] = sorted(set(conversation.ignored_items))[:32]
+    include = payload.get("include")
+    return Translated(
+        chat,
+        recorded,
+        {
+            "names": names,
+            "tools": payload.get("tools") or [],
+            "tool_choice": payload.get("tool_choice") or "auto",
+            "encrypted_reasoning": isinstance(include, list)
+            and "reasoning.encrypted_content" in include,
+            "conversation": [*carried, *conversation.messages],
+        },
+    )
+
+
+@dataclass
+class Answer:
+    """One recorded call as a response: ids handed out once, output items in order."""
+
+    call: PreparedCall
+    payload: dict[str, Any]
+    translated: Translated
+    id: str = field(default_factory=lambda: new_id("resp"))
+    created_at: int = field(default_factory=lambda: int(time.time()))
+    message_id: str = field(default_factory=lambda: new_id("msg"))
+    reasoning_id: str = field(default_factory=lambda: new_id("rs"))
+
+    def reasoning_item(self, text: str, status: str = "completed") -> dict[str, Any]:
+        item: dict[str, Any] = {
+            "type": "reasoning",
+            "id": self.reasoning_id,
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}] if text else [],
+            "status": status,
+        }
+        if self.translated.context["encrypted_reasoning"]:
+            item["encrypted_content"] = text
+        return item
+
+    def message_item(self, text: str, status: str = "completed") -> dict[str, Any]:
+        parts = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        return {
+            "type": "message",
+            "id": self.message_id,
+            "role": "assistant",
+            "status": status,
+            "content": parts if status == "completed" else [],
+        }
+
+    def call_items(self, recorded: LLMCall) -> list[dict[str, Any]]:
+        names: ToolNames = self.translated.context["names"]
+        items = []
+        for call in recorded.response_message.get("tool_calls") or []:
+            model_name = call["function"]["name"]
+            arguments = call["function"]["arguments"]
+            namespace, name = names.namespaced.get(model_name, (None, model_name))
+            item: dict[str, Any]
+            if model_name in names.custom:
+                try:
+                    text = orjson.loads(arguments).get(CUSTOM_INPUT, "")
+                except (orjson.JSONDecodeError, AttributeError):
+                    text = arguments
+                item = {"type": "custom_tool_call", "id": new_id("ctc"), "input": str(text)}
+            else:
+                item = {"type": "function_call", "id": new_id("fc"), "arguments": arguments}
+            item.update({"call_id": call["id"], "name": name, "status": "completed"})
+            if namespace:
+                item["namespace"] = namespace
+            items.append(item)
+        return items
+
+    def output(self, recorded: LLMCall) -> list[dict[str, Any]]:
+        message = recorded.response_message
+        items = []
+        if message.get("reasoning_content"):
+            items.append(self.reasoning_item(message["reasoning_content"]))
+        if message.get("content") or not message.get("tool_calls"):
+            items.append(self.message_item(message.get("content") or ""))
+        return items + self.call_items(recorded)
+
+    def body(
+        self, recorded: LLMCall | None, output: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """The ``response`` object: in progress (``recorded`` None) or finished."""
+        payload = self.payload
+        status, incomplete = "in_progress", None
+        usage = None
+        if recorded is not None:
+            status = "incomplete" if recorded.finish_reason == "length" else "completed"
+            if status == "incomplete":
+                incomplete = {"reason": "max_output_tokens"}
+            prompt, completion = recorded.num_prompt_tokens, recorded.num_completion_tokens
+            usage = {
+                "input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": completion,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt + completion,
+            }
+        fmt = (
+            (payload.get("text") or {}).get("format")
+            if isinstance(payload.get("text"), dict)
+            else None
+        )
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": payload.get("instructions"),
+            "max_output_tokens": payload.get("max_output_tokens"),
+            "model": self.call.chat.model,
+            "output": (output if output is not None else self.output(recorded)) if recorded else [],
+            "parallel_tool_calls": self.call.chat.parallel_tool_calls,
+            "previous_response_id": payload.get("previous_response_id"),
+            "reasoning": {"effort": None, "summary": None},
+            "store": payload.get("store", True) is not False,
+            "temperature": self.call.chat.temperature,
+            "text": {"format": fmt or {"type": "text"}},
+            "tool_choice": self.translated.context["tool_choice"],
+            "tools": self.translated.context["tools"],
+            "top_p": self.call.chat.top_p,
+            "truncation": "disabled",
+            "usage": usage,
+            "metadata": payload.get("metadata") or {},
+        }
+        if recorded is not None:
+            # The extension fields of the chat route: the record's id, the sampled ids and
+            # the adapter step that served them.
+            body.update(
+                call_id=recorded.id,
+                token_ids=recorded.completion_token_ids,
+                adapter_step=recorded.adapter_step,
+            )
+        return body
+
+
+def _remember(gateway: Gateway, answer: Answer, recorded: LLMCall) -> None:
+    if answer.payload.get("store") is False:
+        return
+    conversation = answer.translated.context["conversation"]
+    gateway.responses.put(answer.id, [*conversation, recorded.response_message])
+
+
+async def create(gateway: Gateway, request: Request) -> Response:
+    """``POST /v1/responses``: answer one request as a ``response`` or its event stream.
+
+    Example:
+        >>> Route("/v1/responses", answered(gateway.bound(create)))  # doctest: +SKIP
+    """
+    from art_core.gateway.app import rollout_id
+
+    rollout = rollout_id(request)
+    payloads: list[dict[str, Any]] = []
+
+    def read(payload: dict[str, Any]) -> Translated:
+        payloads.append(payload)
+        previous_id = payload.get("previous_response_id")
+        previous = None
+        if previous_id is not None:
+            if not isinstance(previous_id, str):
+                raise _bad("previous_response_id must be a string", "previous_response_id")
+            previous = gateway.responses.get(previous_id)
+            if previous is None:
+                raise _bad(
+                    f"previous_response_id {previous_id[:80]!r} is not a response this "
+                    "gateway kept (unknown, answered with store: false, or forgotten)",
+                    "previous_response_id",
+                )
+        return translate(payload, previous)
+
+    chat, translated = await read_translated(gateway, request, read)
+    payload = payloads[0]
+    if payload.get("stream") not in (None, False, True):
+        raise _bad("stream must be a boolean", "stream")
+    log_ignored(gateway, API, translated.recorded)
+    call = await prepare_translated(gateway, request, chat, translated, api=API, rollout_id=rollout)
+    answer = Answer(call, payload, translated)
+    if payload.get("stream"):
+        return StreamingResponse(
+            stream_events(gateway, answer),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    # Shielded: a client that hangs up does not cancel the sampling or the recording.
+    task = asyncio.ensure_future(sample_and_record(call))
+    try:
+        calls = await asyncio.shield(task)
+    except EngineError as exc:
+        raise engine_error(exc) from None
+    _remember(gateway, answer, calls[0])
+    return completion_response(answer.body(calls[0]))
+
+
+class _Events:
+    """Numbered server-sent events of one streamed response."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+
+    def __call__(self, kind: str, **fields: Any) -> str:
+        event = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {orjson.dumps(event).decode()}\n\n"
+
+
+async def stream_events(gateway: Gateway, answer: Answer) -> AsyncIterator[str]:
+    """The documented event sequence of a streamed response: ``response.created``,
+    ``response.in_progress``, per output item ``output_item.added``, its deltas
+    (``reasoning_text.delta``, ``output_text.delta`` as sampled;
+    ``function_call_arguments.delta`` / ``custom_tool_call_input.delta`` once the calls are
+    parsed) and ``...done`` events, then ``response.completed`` (or ``response.incomplete``)
+    with usage."""
+    event = _Events()
+    yield event("response.created", response=answer.body(None))
+    yield event("response.in_progress", response=answer.body(None))
+    text = StreamedText(1)
+    output: list[dict[str, Any]] = []
+    opened: str | None = None  # the item being streamed: "reasoning" or "message"
+    streamed = {"reasoning_content": "", "content": ""}
+
+    def close() -> list[str]:
+        """The done events of the item being streamed."""
+        nonlocal opened
+        events = []
+        index = len(output)
+        if opened == "reasoning":
+            whole = streamed["reasoning_content"]
+            events.append(
+                event(
+                    "response.reasoning_text.done",
+                    item_id=answer.reasoning_id,
+                    output_index=index,
+                    content_index=0,
+                    text=whole,
+                )
+            )
+            item = answer.reasoning_item(whole)
+        elif opened == "message":
+            whole = streamed["content"]
+            part = {"type": "output_text", "text": whole, "annotations": [], "logprobs": []}
+            events.append(
+                event(
+                    "response.output_text.done",
+                    item_id=answer.message_id,
+                    output_index=index,
+                    content_index=0,
+                    text=whole,
+                    logprobs=[],
+                )
+            )
+            events.append(
+                event(
+                    "response.content_part.done",
+                    item_id=answer.message_id,
+                    output_index=index,
+                    content_index=0,
+                    part=part,
+                )
+            )
+            item = answer.message_item(whole)
+        else:
+            return events
+        events.append(event("response.output_item.done", output_index=index, item=item))
+        output.append(item)
+        opened = None
+        return events
+
+    def open_item(kind: str) -> list[str]:
+        nonlocal opened
+        events = close() if opened not in (None, kind) else []
+        if opened == kind:
+            return events
+        opened = kind
+        index = len(output)
+        if kind == "reasoning":
+            item = answer.reasoning_item("", status="in_progress")
+            events.append(event("response.output_item.added", output_index=index, item=item))
+        else:
+            item = answer.message_item("", status="in_progress")
+            events.append(event("response.output_item.added", output_index=index, item=item))
+            events.append(
+                event(
+                    "response.content_part.added",
+                    item_id=answer.message_id,
+                    output_index=index,
+                    content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+                )
+            )
+        return events
+
+    def delta_events(field_name: str, delta: str) -> list[str]:
+        kind = "reasoning" if field_name == "reasoning_content" else "message"
+        if kind == "reasoning" and (
+            opened == "message" or any(i["type"] == "message" for i in output)
+        ):
+            return []  # reasoning after the answer began: it comes with the final record
+        events = open_item(kind)
+        streamed[field_name] += delta
+        name = (
+            "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+        )
+        item_id = answer.reasoning_id if kind == "reasoning" else answer.message_id
+        fields: dict[str, Any] = {
+            "item_id": item_id,
+            "output_index": len(output),
+            "content_index": 0,
+            "delta": delta,
+        }
+        if kind == "message":
+            fields["logprobs"] = []
+        events.append(event(name, **fields))
+        return events
+
+    recorded: LLMCall | None = None
+    try:
+        async for item in sampled_deltas(answer.call, text):
+            if isinstance(item, Recorded):
+                recorded = item.calls[0]
+                continue
+            for line in delta_events(item.field, item.text):
+                yield line
+    except Exception as exc:
+        if isinstance(exc, EngineError):
+            refused = engine_error(exc)
+            code, message = refused.code or refused.type, refused.message
+        else:
+            code, message = "server_error", internal_error(exc).message
+        yield event("error", code=code, message=message, param=None)
+        failed = answer.body(None)
+        failed.update(status="failed", error={"code": code, "message": message})
+        yield event("response.failed", response=failed)
+        return
+    assert recorded is not None
+    message = recorded.response_message
+    rest = text.rest(recorded)
+    for field_name in ("reasoning_content", "content"):
+        if rest.get(field_name):
+            for line in delta_events(field_name, rest[field_name]):
+                yield line
+    if opened is None and not output and not message.get("tool_calls"):
+        for line in open_item("message"):
+            yield line
+    for line in close():
+        yield line
+    for call_item in answer.call_items(recorded):
+        index = len(output)
+        custom = call_item["type"] == "custom_tool_call"
+        added = {**call_item, "status": "in_progress", ("input" if custom else "arguments"): ""}
+        yield event("response.output_item.added", output_index=index, item=added)
+        whole = call_item["input"] if custom else call_item["arguments"]
+        prefix = "response.custom_tool_call_input" if custom else "response.function_call_arguments"
+        yield event(f"{prefix}.delta", item_id=call_item["id"], output_index=index, delta=whole)
+        done_field = "input" if custom else "arguments"
+        done: dict[str, Any] = {
+            "item_id": call_item["id"],
+            "output_index": index,
+            done_field: whole,
+        }
+        if not custom:
+            done["name"] = call_item["name"]
+        yield event(f"{prefix}.done", **done)
+        yield event("response.output_item.done", output_index=index, item=call_item)
+        output.append(call_item)
+    _remember(gateway, answer, recorded)
+    final = answer.body(recorded, output)
+    kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+    yield event(kind, response=final)
