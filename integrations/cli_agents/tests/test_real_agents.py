@@ -1,0 +1,73 @@
+"""Real command-line agents from the npm registry, unchanged, as rollouts: OpenAI's Codex CLI
+(Responses API) and Anthropic's Claude Code (Messages API).
+
+``bash run.sh test`` installs them (pinned) under ``.art/cli-agents`` (or
+``$ART_CLI_AGENTS_DIR``). Each sends its real system prompt and tools (10-25k tokens: the
+test model, tiny-qwen2.5, has a 32k context), its calls are recorded in its rollout, and a
+train step on a group of their runs changes the adapter.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import art_cli_agents as cli
+import pytest
+from safetensors.torch import load_file
+
+import art_core as art
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[2]
+BIN = (
+    Path(os.environ.get("ART_CLI_AGENTS_DIR", ROOT / ".art" / "cli-agents"))
+    / "node_modules"
+    / ".bin"
+)
+TASK = cli.Task(
+    "Read README.md and say what this folder holds.",
+    folder=HERE / "task",
+    check="test -f README.md",
+)
+LIMITS = cli.Limits(timeout_s=300)
+
+
+def binary(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        pytest.fail(
+            f"{path} is missing: `bash run.sh test` installs the command-line agents (npm), "
+            "or set ART_CLI_AGENTS_DIR to a folder where they are installed"
+        )
+    return str(path)
+
+
+def agent(name: str) -> cli.CLIAgent:
+    if name == "codex":
+        return cli.codex(binary("codex"))
+    # Answers capped: a random model otherwise writes until the context is full.
+    return cli.claude_code(binary("claude"), max_output_tokens=64)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "api"), [("codex", "responses"), ("claude", "messages")])
+async def test_a_real_cli_agent_runs_records_and_trains(
+    backend: art.LocalBackend, name: str, api: str
+) -> None:
+    model = art.TrainableModel(name=f"cli-{name}", project="tests", base_model="tiny-qwen2.5")
+    await model.register(backend)
+    group = await cli.rollout_group(model, agent(name), TASK, 2, limits=LIMITS)
+    for i, trajectory in enumerate(group):
+        assert trajectory.metrics["exit_code"] == 0, "\n".join(trajectory.logs)
+        assert trajectory.reward == 1.0  # the check ran in the run's copy of the folder
+        assert trajectory.calls, "\n".join(trajectory.logs)
+        assert {c.api for c in trajectory.calls} == {api}
+        # The agent's own system prompt and tools: thousands of tokens.
+        assert max(c.num_prompt_tokens for c in trajectory.calls) > 5000
+        trajectory.reward = float(i)  # unequal rewards: the group has something to learn
+    result = await model.train([group], config=art.TrainConfig())
+    assert await model.get_step() == 1, result
+    folder = backend.model_folder(model).checkpoint(1)
+    weights = load_file(str(folder / "adapter_model.safetensors"))
+    assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in weights.items())
