@@ -332,10 +332,10 @@ class _Conversation:
             if kind == "function_call":
                 arguments = _arguments(item.get("arguments"), where)
             else:
-                text = item.get("input")
-                if not isinstance(text, str):
+                free_text = item.get("input")
+                if not isinstance(free_text, str):
                     raise _bad(f"{where}.input must be a string", f"{where}.input")
-                arguments = orjson.dumps({CUSTOM_INPUT: text}).decode()
+                arguments = orjson.dumps({CUSTOM_INPUT: free_text}).decode()
             self._assistant().setdefault("tool_calls", []).append(
                 {
                     "id": call_id,
@@ -822,13 +822,13 @@ async def stream_events(gateway: Gateway, answer: Answer) -> AsyncIterator[str]:
         yield event("response.failed", response=failed)
         return
     assert recorded is not None
-    message = recorded.response_message
+    answered = recorded.response_message
     rest = text.rest(recorded)
     for field_name in ("reasoning_content", "content"):
         if rest.get(field_name):
             for line in delta_events(field_name, rest[field_name]):
                 yield line
-    if opened is None and not output and not message.get("tool_calls"):
+    if opened is None and not output and not answered.get("tool_calls"):
         for line in open_item("message"):
             yield line
     for line in close():
