@@ -14,9 +14,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 import art_core as art
+from art_core.gateway.apis import responses as responses_api
+from art_core.gateway.errors import APIError
 from art_core.testing.checks import assert_token_exact
 from art_core.testing.pytest_plugin import register_tiny_model
 
@@ -266,7 +270,7 @@ async def test_what_agents_send_is_accepted_and_named(tiny_model: art.TrainableM
             400,
             "text models",
         ),
-        ({"input": 5}, 400, "input must be"),
+        ({"input": 5}, 400, "input"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, 400, "item_reference"),
         ({"input": [{"type": "function_call", "name": "f"}]}, 400, "call_id"),
         ({"input": "hi", "tools": [{"type": "function", "name": "bad name"}]}, 400, "tools.0.name"),
@@ -306,3 +310,81 @@ async def test_a_group_of_responses_runs_trains(backend: art.LocalBackend) -> No
     folder = backend.model_folder(model).checkpoint(1)
     weights = load_file(str(folder / "adapter_model.safetensors"))
     assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in weights.items())
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+ITEM_KEYS = st.sampled_from(
+    [
+        "type",
+        "role",
+        "content",
+        "call_id",
+        "name",
+        "arguments",
+        "input",
+        "output",
+        "summary",
+        "namespace",
+        "text",
+        "format",
+        "tools",
+        "parameters",
+        "definition",
+        "syntax",
+    ]
+)
+ITEM = st.dictionaries(
+    ITEM_KEYS,
+    JSON
+    | st.sampled_from(
+        [
+            "message",
+            "function_call",
+            "function_call_output",
+            "reasoning",
+            "custom_tool_call",
+            "custom",
+            "function",
+            "namespace",
+            "user",
+            "assistant",
+            "developer",
+            "grammar",
+            "regex",
+            "lark",
+        ]
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    inputs=st.lists(ITEM, max_size=5) | JSON,
+    tools=st.lists(ITEM, max_size=3) | JSON,
+    tool_choice=JSON | ITEM,
+    text=JSON,
+)
+def test_translate_refuses_whatever_it_cannot_read_with_a_400(
+    inputs: Any, tools: Any, tool_choice: Any, text: Any
+) -> None:
+    """Any JSON in any field: a translation, or an APIError 400 naming what was wrong."""
+    payload = {
+        "model": "m",
+        "input": inputs,
+        "tools": tools,
+        "tool_choice": tool_choice,
+        "text": text,
+    }
+    try:
+        translated = responses_api.translate(payload)
+    except APIError as exc:
+        assert exc.status == 400 and exc.message
+    else:
+        assert translated.chat["messages"]

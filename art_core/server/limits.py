@@ -1,4 +1,4 @@
-"""Backpressure on chat completions (429 + Retry-After): ASGI middleware around the service.
+"""Backpressure on the sampling routes (429 + Retry-After): ASGI middleware around the service.
 
 The body limit (413) is the gateway's ``art_core.gateway.body.BodyLimit``.
 """
@@ -9,9 +9,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from art_core.gateway.errors import error_body, send_json
 
+# The routes that sample (chat completions, completions, Responses, Anthropic Messages; not
+# count_tokens), by the end of their path.
+SAMPLING_ROUTES = ("/completions", "/responses", "/messages")
+
 
 class Backpressure:
-    """ASGI middleware: at most ``max_pending`` chat completions in flight, then 429.
+    """ASGI middleware: at most ``max_pending`` sampling requests in flight, then 429.
 
     A rollout storm queues in the engine up to the bound; beyond it clients get
     ``429 Too Many Requests`` with ``Retry-After`` (the openai client retries those by itself)
@@ -35,7 +39,7 @@ class Backpressure:
         if (
             scope["type"] != "http"
             or scope["method"] != "POST"
-            or not scope["path"].endswith("/chat/completions")
+            or not scope["path"].endswith(SAMPLING_ROUTES)
         ):
             await self.app(scope, receive, send)
             return

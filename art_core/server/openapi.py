@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from art_core.gateway.apis.responses import ResponsesRequest
 from art_core.gateway.schemas import ChatCompletionRequest
 from art_core.server.api import MODEL, NDJSON
 from art_core.server.schemas import (
@@ -57,6 +58,12 @@ def _operations() -> list[Operation]:
             Operation("get", f"{prefix}/v1/models", f"The models served{where}"),
             Operation("get", f"{prefix}/v1/models/{{model_id}}", f"One model{where}"),
             Operation("post", f"{prefix}/v1/chat/completions", chat + where, ChatCompletionRequest),
+            Operation(
+                "post",
+                f"{prefix}/v1/responses",
+                f"OpenAI Responses, recorded token-exactly{where}",
+                ResponsesRequest,
+            ),
         ]
     after = (("after", {"type": "integer", "minimum": 0, "maximum": 999_999_999}),)
     return [

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -55,7 +56,7 @@ from art_core.gateway.apis.edge import (
     recorded_fields,
 )
 from art_core.gateway.deltas import Recorded, StreamedText, sampled_deltas
-from art_core.gateway.errors import APIError, engine_error, internal_error
+from art_core.gateway.errors import APIError, engine_error, internal_error, validation_message
 from art_core.gateway.recording import sample_and_record
 from art_core.gateway.requests import PreparedCall
 from art_core.gateway.responses import completion_response
@@ -114,6 +115,29 @@ HOSTED_CALL_ITEMS = frozenset(
 MAX_ITEMS = 4096
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CUSTOM_INPUT = "input"  # a custom tool's free text, as the one argument the model writes
+
+
+class ResponsesRequest(BaseModel):
+    """The top-level fields of a Responses request this gateway reads, with their types
+    (checked before anything else; items and tools are checked as they are translated).
+    Other fields are accepted and named in the record."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[Any] | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    text: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    stream: bool | None = None
+    previous_response_id: str | None = None
+    store: bool | None = None
 
 
 def _bad(message: str, param: str | None = None) -> APIError:
@@ -424,6 +448,11 @@ def translate(payload: dict[str, Any], previous: list[dict[str, Any]] | None = N
         >>> translate({"model": "m", "input": "hi", "instructions": "Be brief."}).chat["messages"]
         [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'hi'}]
     """
+    try:
+        ResponsesRequest.model_validate(payload)
+    except ValidationError as exc:
+        message, param = validation_message(exc)
+        raise APIError(400, message, param=param) from None
     for name in ("conversation", "prompt"):
         if payload.get(name) is not None:
             raise _bad(
