@@ -17,6 +17,7 @@ import pytest
 from safetensors.torch import load_file
 
 import art_core as art
+from art_core.testing.checks import assert_prefix_chain
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
@@ -46,8 +47,12 @@ def binary(name: str) -> str:
 def agent(name: str) -> cli.CLIAgent:
     if name == "codex":
         return cli.codex(binary("codex"))
-    # Answers capped: a random model otherwise writes until the context is full.
-    return cli.claude_code(binary("claude"), max_output_tokens=64)
+    # Answers capped: a random model otherwise writes until the context is full. Three of
+    # its tools: with all 25 (and this model's 1024-token vocabulary) its request is 50k
+    # tokens, over the 32k context; with these, 7.6k.
+    return cli.claude_code(
+        binary("claude"), max_output_tokens=64, extra_args=["--tools", "Read,Bash,Edit"]
+    )
 
 
 @pytest.mark.slow
@@ -59,7 +64,13 @@ async def test_a_real_cli_agent_runs_records_and_trains(
     await model.register(backend)
     group = await cli.rollout_group(model, agent(name), TASK, 2, limits=LIMITS)
     for i, trajectory in enumerate(group):
-        assert trajectory.metrics["exit_code"] == 0, "\n".join(trajectory.logs)
+        logs = "\n".join(trajectory.logs)
+        # Claude Code ends with an error when every answer is cut by its output cap (a random
+        # model rarely ends by itself); Codex takes such an answer as final.
+        assert trajectory.metrics["exit_code"] == 0 or (
+            name == "claude" and "output token maximum" in logs
+        ), logs
+        assert_prefix_chain(trajectory.calls)  # each turn continues the sampled ids
         assert trajectory.reward == 1.0  # the check ran in the run's copy of the folder
         assert trajectory.calls, "\n".join(trajectory.logs)
         assert {c.api for c in trajectory.calls} == {api}
