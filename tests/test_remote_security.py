@@ -117,6 +117,36 @@ async def test_the_openai_client_needs_the_token_for_rollouts(server: ServerProc
     await backend.close()
 
 
+async def test_anthropic_clients_send_the_token_as_x_api_key(server: ServerProcess) -> None:
+    """The anthropic SDK sends its key as ``x-api-key``: accepted as the token; a wrong one
+    is a 401 in Anthropic's error shape (and a body over the limit a 413 in it too)."""
+    import anthropic
+
+    model = art.TrainableModel(name="guarded-anthropic", project="sec", base_model="tiny-random")
+    backend = server.backend()
+    await model.register(backend)
+    message = {"role": "user", "content": "hi"}
+    wrong = anthropic.AsyncAnthropic(base_url=server.url, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as refused:
+        await wrong.messages.create(model=model.name, messages=[message], max_tokens=2)
+    assert refused.value.body["type"] == "error"
+    assert refused.value.body["error"]["type"] == "authentication_error"
+    async with art.capture(model) as run:  # the token is the rollout's API key
+        await run.anthropic_client(max_retries=0).messages.create(
+            model=run.model_name, messages=[message], max_tokens=2
+        )
+    assert [c.api for c in run.trajectory().calls] == ["messages"]
+    big = json.dumps({"model": model.name, "x": "x" * (LIMIT_BYTES + 10)}).encode()
+    response = httpx.post(
+        f"{server.url}/v1/messages",
+        content=big,
+        headers={"content-type": "application/json", "x-api-key": server.token},
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["type"] == "request_too_large"
+    await backend.close()
+
+
 def test_a_token_is_generated_off_loopback_and_enforced(tmp_path: Path) -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.5") and not is_loopback("gpu-box")

@@ -25,7 +25,7 @@ import orjson
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from art_core.gateway.errors import APIError, error_body, send_json
+from art_core.gateway.errors import APIError, send_error
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 # Deeper JSON is refused: far beyond any request's real shape (a tool schema nested ten
@@ -43,9 +43,14 @@ def too_large_message(limit: int) -> str:
     )
 
 
-def _too_large(limit: int) -> dict[str, object]:
-    return error_body(
-        too_large_message(limit), type="invalid_request_error", code="request_too_large"
+async def _too_large(send: Send, scope: Scope, limit: int) -> None:
+    await send_error(
+        send,
+        scope,
+        413,
+        too_large_message(limit),
+        type="invalid_request_error",
+        code="request_too_large",
     )
 
 
@@ -72,12 +77,12 @@ class BodyLimit:
             try:
                 size = int(declared)
             except ValueError:
-                await send_json(
-                    send, 400, error_body("invalid Content-Length", type="invalid_request_error")
+                await send_error(
+                    send, scope, 400, "invalid Content-Length", type="invalid_request_error"
                 )
                 return
             if size > self.max_bytes:
-                await send_json(send, 413, _too_large(self.max_bytes))
+                await _too_large(send, scope, self.max_bytes)
                 return
         if scope["method"] not in _BODY_METHODS:
             await self.app(scope, receive, send)
@@ -91,7 +96,7 @@ class BodyLimit:
             chunk = message.get("body", b"")
             total += len(chunk)
             if total > self.max_bytes:
-                await send_json(send, 413, _too_large(self.max_bytes))
+                await _too_large(send, scope, self.max_bytes)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):

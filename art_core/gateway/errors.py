@@ -1,7 +1,9 @@
-"""The one error body of every HTTP answer (gateway and service): OpenAI's shape.
+"""The one error body of every HTTP answer (gateway and service): OpenAI's shape, and
+Anthropic's on the Anthropic Messages routes.
 
-``{"error": {"message", "type", "param", "code"}}``; ``APIError`` carries it with its status.
-Messages name what was wrong and never include server paths or tracebacks.
+``{"error": {"message", "type", "param", "code"}}``, or ``{"type": "error", "error": {"type",
+"message"}}``; ``APIError`` carries it with its status. Messages name what was wrong and never
+include server paths or tracebacks.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from starlette.responses import Response
-from starlette.types import Send
+from starlette.types import Scope, Send
 
 from art_core.engines.base import EngineError, EngineUnavailable
 
@@ -27,6 +29,36 @@ def error_body(
         'no'
     """
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+# Anthropic's error types by HTTP status (its other 4xx are invalid requests, 5xx API errors).
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+# The routes that answer errors in Anthropic's shape, by the end of their path.
+ANTHROPIC_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """``{"type": "error", "error": {...}}`` as Anthropic answers errors.
+
+    Example:
+        >>> anthropic_error_body(404, "no such model")
+        {'type': 'error', 'error': {'type': 'not_found_error', 'message': 'no such model'}}
+    """
+    kind = ANTHROPIC_ERROR_TYPES.get(status)
+    if kind is None:
+        kind = "api_error" if status >= 500 else "invalid_request_error"
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 # An absolute filesystem path (two or more segments), as exceptions of file and import
@@ -86,6 +118,29 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
         media_type="application/json",
         headers=headers,
     )
+
+
+async def send_error(
+    send: Send,
+    scope: Scope,
+    status: int,
+    message: str,
+    *,
+    type: str,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Answer an error from an ASGI middleware in the shape of the route's API (Anthropic's on
+    its Messages routes, else OpenAI's).
+
+    Example:
+        >>> await send_error(send, scope, 429, "busy", type="rate_limit_error")  # doctest: +SKIP
+    """
+    if str(scope.get("path", "")).endswith(ANTHROPIC_ROUTES):
+        body = anthropic_error_body(status, message)
+    else:
+        body = error_body(message, type=type, code=code)
+    await send_json(send, status, body, headers)
 
 
 async def send_json(

@@ -10,7 +10,7 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from art_core.gateway.errors import error_body, send_json
+from art_core.gateway.errors import send_error
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -66,15 +66,13 @@ class BearerAuth:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        await send_json(
+        await send_error(
             send,
+            scope,
             401,
-            error_body(
-                "missing or wrong bearer token: send 'Authorization: Bearer <token>' or "
-                "'x-api-key: <token>' "
-                "(the token art-core serve printed or was given)",
-                type="authentication_error",
-                code="invalid_api_key",
-            ),
-            {"www-authenticate": 'Bearer realm="art-core"'},
+            "missing or wrong bearer token: send 'Authorization: Bearer <token>' or "
+            "'x-api-key: <token>' (the token art-core serve printed or was given)",
+            type="authentication_error",
+            code="invalid_api_key",
+            headers={"www-authenticate": 'Bearer realm="art-core"'},
         )

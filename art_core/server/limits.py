@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from art_core.gateway.errors import error_body, send_json
+from art_core.gateway.errors import send_error
 
 # The routes that sample (chat completions, completions, Responses, Anthropic Messages; not
 # count_tokens), by the end of their path.
@@ -45,16 +45,15 @@ class Backpressure:
             return
         if self.in_flight >= self.max_pending:
             self.rejected += 1
-            await send_json(
+            await send_error(
                 send,
+                scope,
                 429,
-                error_body(
-                    f"the server has {self.in_flight} requests in flight (limit "
-                    f"{self.max_pending}); retry after {self.retry_after_s} s",
-                    type="rate_limit_error",
-                    code="server_busy",
-                ),
-                {"retry-after": str(self.retry_after_s)},
+                f"the server has {self.in_flight} requests in flight (limit "
+                f"{self.max_pending}); retry after {self.retry_after_s} s",
+                type="rate_limit_error",
+                code="server_busy",
+                headers={"retry-after": str(self.retry_after_s)},
             )
             return
         self.in_flight += 1

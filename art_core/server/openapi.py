@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from art_core.gateway.apis.messages import CountTokensRequest, MessagesRequest
 from art_core.gateway.apis.responses import ResponsesRequest
 from art_core.gateway.schemas import ChatCompletionRequest
 from art_core.server.api import MODEL, NDJSON
@@ -48,6 +49,8 @@ class Operation:
     body: type[BaseModel] | None = None
     query: tuple[tuple[str, dict[str, Any]], ...] = ()
     streams: bool = False
+    # The shape of its error bodies: OpenAI's, or Anthropic's (the Messages routes).
+    errors: str = "openai"
 
 
 def _operations() -> list[Operation]:
@@ -63,6 +66,20 @@ def _operations() -> list[Operation]:
                 f"{prefix}/v1/responses",
                 f"OpenAI Responses, recorded token-exactly{where}",
                 ResponsesRequest,
+            ),
+            Operation(
+                "post",
+                f"{prefix}/v1/messages",
+                f"Anthropic Messages, recorded token-exactly{where}",
+                MessagesRequest,
+                errors="anthropic",
+            ),
+            Operation(
+                "post",
+                f"{prefix}/v1/messages/count_tokens",
+                f"The prompt tokens of an Anthropic Messages request{where}",
+                CountTokensRequest,
+                errors="anthropic",
             ),
         ]
     after = (("after", {"type": "integer", "minimum": 0, "maximum": 999_999_999}),)
@@ -132,6 +149,18 @@ ERROR = {
     },
     "required": ["error"],
 }
+ANTHROPIC_ERROR = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            "required": ["type", "message"],
+        },
+    },
+    "required": ["type", "error"],
+}
 
 
 @functools.cache
@@ -144,6 +173,7 @@ def openapi_document() -> dict[str, Any]:
     )
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
+        error = ANTHROPIC_ERROR if op.errors == "anthropic" else ERROR
         entry: dict[str, Any] = {
             "summary": op.summary,
             "operationId": f"{op.method}_{op.path.strip('/').replace('/', '_')}".replace(
@@ -161,11 +191,11 @@ def openapi_document() -> dict[str, Any]:
                 },
                 "4XX": {
                     "description": "The request's own error, named",
-                    "content": {"application/json": {"schema": ERROR}},
+                    "content": {"application/json": {"schema": error}},
                 },
                 "503": {
                     "description": "Busy or a model that cannot load now (see Retry-After)",
-                    "content": {"application/json": {"schema": ERROR}},
+                    "content": {"application/json": {"schema": error}},
                 },
             },
         }
