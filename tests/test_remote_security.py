@@ -137,11 +137,12 @@ async def test_anthropic_clients_send_the_token_as_x_api_key(server: ServerProce
         )
     assert [c.api for c in run.trajectory().calls] == ["messages"]
     big = json.dumps({"model": model.name, "x": "x" * (LIMIT_BYTES + 10)}).encode()
-    response = httpx.post(
-        f"{server.url}/v1/messages",
-        content=big,
-        headers={"content-type": "application/json", "x-api-key": server.token},
-    )
+    async with httpx.AsyncClient() as http:
+        response = await http.post(
+            f"{server.url}/v1/messages",
+            content=big,
+            headers={"content-type": "application/json", "x-api-key": server.token},
+        )
     assert response.status_code == 413
     assert response.json()["error"]["type"] == "request_too_large"
     await backend.close()
