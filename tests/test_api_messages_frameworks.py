@@ -28,15 +28,20 @@ async def test_langgraph_agent_with_chat_anthropic(tiny_model: art.TrainableMode
             max_tokens=48,
             max_retries=0,
         )
+        # Strict tools: a forced call names only declared keys, so a random model's call
+        # always ends well within max_tokens (its arguments parse, and come back). The agent
+        # gets the model with the same tools bound, so its turns continue the first.
+        bound = llm.bind_tools([get_weather], strict=True)
         forced = llm.bind_tools(
             [get_weather],
             tool_choice={"type": "tool", "name": "get_weather"},
             parallel_tool_calls=False,
+            strict=True,
         )
         first = await forced.ainvoke("weather in Paris?")
         assert first.tool_calls and first.tool_calls[0]["name"] == "get_weather"
         # The LangGraph agent continues the conversation: its turn is spliced on the first.
-        agent = create_react_agent(llm, [get_weather])
+        agent = create_react_agent(bound, [get_weather])
         state = await agent.ainvoke(
             {
                 "messages": [

@@ -91,11 +91,17 @@ async def test_langgraph_agent_with_chat_openai_responses_api(
             use_responses_api=True,
             max_tokens=48,
         )
-        forced = llm.bind_tools([get_weather], tool_choice="get_weather", parallel_tool_calls=False)
+        # Strict tools: a forced call names only declared keys, so a random model's call
+        # always ends well within max_tokens (its arguments parse, and come back). The agent
+        # gets the model with the same tools bound, so its turns continue the first.
+        bound = llm.bind_tools([get_weather], strict=True)
+        forced = llm.bind_tools(
+            [get_weather], tool_choice="get_weather", parallel_tool_calls=False, strict=True
+        )
         first = await forced.ainvoke("weather in Paris?")
         assert first.tool_calls and first.tool_calls[0]["name"] == "get_weather"
         # The LangGraph agent continues the conversation: its turns are spliced on the first.
-        agent = create_react_agent(llm, [get_weather])
+        agent = create_react_agent(bound, [get_weather])
         state = await agent.ainvoke(
             {
                 "messages": [

@@ -335,3 +335,30 @@ def test_a_named_parser_wins_and_an_unknown_name_is_refused(tmp_path: Path) -> N
     assert chat_format_for(tokenizer, tool_call_parser="llama3_json").name == "llama3_json"
     with pytest.raises(ValueError, match="unknown tool_call_parser 'nope'"):
         chat_format_for(tokenizer, tool_call_parser="nope")
+
+
+def test_a_strict_tool_closes_every_object_of_its_schema() -> None:
+    """OpenAI's strict mode and Anthropic's strict tools: a forced call names only declared
+    keys (a schema that says otherwise keeps its own word)."""
+    from art_core.chat_formats.schemas import closed, parameters_of
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "where": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "tags": {"type": "array", "items": {"type": "object"}},
+            "extra": {"type": "object", "additionalProperties": True},
+        },
+        "$defs": {"P": {"properties": {"x": {"const": {"type": "object"}}}}},
+    }
+    out = closed(schema)
+    assert out["additionalProperties"] is False
+    assert out["properties"]["where"]["additionalProperties"] is False
+    assert out["properties"]["tags"]["items"]["additionalProperties"] is False
+    assert out["properties"]["extra"]["additionalProperties"] is True
+    assert out["$defs"]["P"]["additionalProperties"] is False
+    assert out["$defs"]["P"]["properties"]["x"]["const"] == {"type": "object"}  # data, kept
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    assert parameters_of(tool) is schema  # not strict: as given
+    strict = {"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}}
+    assert parameters_of(strict) == out

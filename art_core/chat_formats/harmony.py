@@ -20,7 +20,7 @@ from typing import Any
 from art_core.chat_formats.answer import ParsedAnswer, tool_call
 from art_core.chat_formats.base import ToolCallFormat, ToolIndex
 from art_core.chat_formats.markup import Markup
-from art_core.chat_formats.schemas import embeddable, json_rule
+from art_core.chat_formats.schemas import embeddable, json_rule, parameters_of
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 CONSTRAIN, CALL, RETURN = "<|constrain|>", "<|call|>", "<|return|>"
@@ -130,7 +130,7 @@ class HarmonyFormat(ToolCallFormat):
         ]
         alternatives = []
         for index, tool in enumerate(tools):
-            schema, defs = embeddable(tool["function"].get("parameters") or {}, "p")
+            schema, defs = embeddable(parameters_of(tool, {}), "p")
             recipient = json.dumps(f"commentary to=functions.{tool['function']['name']} ")
             rules.append(
                 f'call_{index}: {lit(CHANNEL)} {recipient} {lit(CONSTRAIN)} "json" '

@@ -23,7 +23,13 @@ from art_core.chat_formats.answer import (
 from art_core.chat_formats.base import ToolCallFormat, ToolIndex
 from art_core.chat_formats.hermes import partial_json_call
 from art_core.chat_formats.markup import Markup
-from art_core.chat_formats.schemas import call_object_schemas, embeddable, json_rule, one_of
+from art_core.chat_formats.schemas import (
+    call_object_schemas,
+    embeddable,
+    json_rule,
+    one_of,
+    parameters_of,
+)
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -125,7 +131,7 @@ class MistralFormat(ToolCallFormat):
             rules, alternatives = [], []
             for index, tool in enumerate(tools):
                 name = tool["function"]["name"]
-                schema, defs = embeddable(tool["function"].get("parameters") or {}, "p")
+                schema, defs = embeddable(parameters_of(tool, {}), "p")
                 alternatives.append(f"call_{index}")
                 rules.append(
                     f"call_{index}: {start} {markup.literal(name)} {markup.literal(ARGS)} "

@@ -38,9 +38,50 @@ def _rebase_refs(node: Any, base: str) -> Any:
     return out
 
 
-def parameters_of(tool: dict[str, Any]) -> dict[str, Any]:
-    """A tool's parameters schema (an empty object schema when it has none)."""
-    return tool["function"].get("parameters") or EMPTY_OBJECT
+def parameters_of(tool: dict[str, Any], default: dict[str, Any] = EMPTY_OBJECT) -> dict[str, Any]:
+    """A tool's parameters schema (an empty object schema when it has none); for a
+    ``strict`` tool, every object of it closed (see ``closed``).
+
+    Example:
+        >>> parameters_of({"function": {"name": "f", "strict": True,
+        ...                             "parameters": {"type": "object", "properties": {}}}})
+        {'type': 'object', 'properties': {}, 'additionalProperties': False}
+    """
+    parameters = tool["function"].get("parameters") or default
+    return closed(parameters) if tool["function"].get("strict") else parameters
+
+
+# Keywords whose values are subschemas, and those whose values map names to subschemas.
+_SUBSCHEMA = frozenset({"items", "additionalItems", "contains", "not", "if", "then", "else"})
+_SUBSCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
+_SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object schema that does not
+    say otherwise: what a strict tool means (OpenAI's strict mode requires it; Anthropic's
+    strict tools match the schema exactly), so a forced call names only declared keys.
+
+    Example:
+        >>> closed({"type": "object", "properties": {"a": {"type": "object"}}})
+        {'type': 'object', 'properties': {'a': {'type': 'object', 'additionalProperties': False}}, 'additionalProperties': False}
+    """
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SUBSCHEMA:
+            out[key] = closed(value)
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            out[key] = [closed(item) for item in value]
+        elif key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: closed(item) for name, item in value.items()}
+        else:
+            out[key] = value
+    is_object = schema.get("type") == "object" or "properties" in schema
+    if is_object and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
 
 
 def embeddable(parameters: dict[str, Any], key: str) -> tuple[dict[str, Any], dict[str, Any]]:

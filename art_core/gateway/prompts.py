@@ -201,6 +201,8 @@ class PromptBuilder:
         """Prompt ids for ``messages`` (normalized), reusing the ids of a call it continues."""
         full = self.render(messages, tools, template_kwargs)
         for previous in sorted(history, key=lambda c: len(c.messages), reverse=True):
+            if not previous.messages:
+                continue  # a completions call (a raw prompt): no conversation to continue
             spliced = self._splice(messages, tools, full, previous, template_kwargs)
             if spliced is not None:
                 return spliced

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from art_core.gateway.apis.completions import CompletionRequest
 from art_core.gateway.apis.messages import CountTokensRequest, MessagesRequest
 from art_core.gateway.apis.responses import ResponsesRequest
 from art_core.gateway.schemas import ChatCompletionRequest
@@ -66,6 +67,12 @@ def _operations() -> list[Operation]:
                 f"{prefix}/v1/responses",
                 f"OpenAI Responses, recorded token-exactly{where}",
                 ResponsesRequest,
+            ),
+            Operation(
+                "post",
+                f"{prefix}/v1/completions",
+                f"Completions of a raw prompt (text or token ids), recorded{where}",
+                CompletionRequest,
             ),
             Operation(
                 "post",

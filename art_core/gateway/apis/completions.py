@@ -1,17 +1,768 @@
-"""Completions (placeholder until its module lands)."""
+"""OpenAI (legacy) Completions (``POST /v1/completions``) at the gateway's edge.
+
+There is no chat template: the prompt is text, encoded as vLLM encodes it
+(``tokenizer(text)``, the tokenizer's special tokens such as a BOS included unless
+``add_special_tokens`` is false), or token ids, used as they are. The answer is the raw
+sampled text (special tokens skipped unless ``skip_special_tokens`` is false, a stop string
+cut): no reasoning split, no tool-call parsing. Each prompt is one recorded call
+(``api == "completions"``, its own index in the rollout, one ``LLMCall`` per choice) with no
+chat messages (``messages == []``); its prompt text, when at most
+``MAX_RECORDED_PROMPT_CHARS``, is kept as ``request_params["prompt"]``. The trainer reads the
+recorded ids only, so completions rollouts train like chat ones.
+
+Supported: ``model``, ``prompt`` (a string, a list of strings, a list of token ids or a list
+of lists of token ids; several prompts are a batch of up to ``MAX_PROMPTS``: prompt ``i``'s
+choices are ``choices[i * n : (i + 1) * n]``), ``max_tokens`` (default 16, as OpenAI; null:
+the served default; it must fit the context after the prompt, else 400), ``temperature``,
+``top_p``, ``n``, ``stop`` (up to 4 strings), ``seed``, ``logprobs`` (0-5: the legacy
+``{tokens, token_logprobs, top_logprobs, text_offset}`` of the sampled tokens), ``echo``,
+``stream`` and ``stream_options.include_usage``, ``best_of`` (equal to ``n``), ``metadata``
+(and the ``x-art-metadata`` header), and vLLM's ``top_k``, ``add_special_tokens`` and
+``skip_special_tokens``.
+
+Accepted and left out of sampling, named in each call's ``request_params.ignored_fields``
+(and logged once): ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``user`` and
+any other field.
+
+Refused (400): a non-empty ``suffix``; ``best_of`` other than ``n``; ``echo`` with
+``logprobs`` (the engine does not score prompt tokens); an empty prompt; token ids outside the
+vocabulary; a prompt (or prompt plus ``max_tokens``) over the context.
+
+Beyond OpenAI's fields, each choice carries ``token_ids``, ``call_id`` and ``adapter_step``
+(as the chat route), and the body ``prompt_token_ids`` (one prompt) or each choice its own
+(several prompts). Streamed, each choice's text comes as it is sampled (the echoed prompt
+first), and its last chunk carries the finish reason, the logprobs and those fields.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
-from art_core.gateway.errors import APIError
+from art_core.chat_formats.format import safe_before
+from art_core.engines.base import EngineError, GenerationRequest, GenerationResult, SamplingParams
+from art_core.gateway.apis.edge import log_ignored, recorded_fields
+from art_core.gateway.body import parse_json_object, read_body
+from art_core.gateway.errors import APIError, engine_error, internal_error, validation_message
+from art_core.gateway.requests import (
+    INLINE_BODY_BYTES,
+    INLINE_PROMPT_CHARS,
+    PreparedCall,
+    request_metadata,
+)
+from art_core.gateway.responses import SSE_DONE, completion_response, sse
+from art_core.gateway.schemas import (
+    MAX_N,
+    MAX_SEED,
+    MAX_STOP_CHARS,
+    MIN_SEED,
+    ChatCompletionRequest,
+    StreamOptions,
+)
+from art_core.trajectories import LLMCall, new_id
 
 if TYPE_CHECKING:
-    from art_core.gateway.app import Gateway
+    from art_core.gateway.app import Gateway, ServedModel
+
+logger = logging.getLogger(__name__)
+
+API = "completions"
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this API
+MAX_LOGPROBS = 5  # OpenAI's bound
+MAX_PROMPTS = 16  # prompts in one request (each its own recorded call)
+MAX_CHOICES = 64  # prompts x n
+# A call's prompt text is recorded with it (request_params["prompt"]) up to this size; its
+# ids are always recorded.
+MAX_RECORDED_PROMPT_CHARS = 8192
+SERVED_FIELDS = frozenset(
+    {
+        "model",
+        "prompt",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "n",
+        "stop",
+        "seed",
+        "logprobs",
+        "echo",
+        "stream",
+        "stream_options",
+        "suffix",
+        "best_of",
+        "metadata",
+        "add_special_tokens",
+        "skip_special_tokens",
+    }
+)
+# Recorded on their own (the prompt as ids, per call; metadata as the call's metadata) or not
+# about what was sampled.
+NOT_RECORDED = frozenset({"prompt", "stream", "stream_options", "metadata"})
+PROMPT_SHAPES = "a string, a list of strings, a list of token ids or a list of lists of token ids"
+
+
+class CompletionRequest(BaseModel):
+    """The fields of a completions request this gateway reads, with their types (strict: a
+    boolean is not a number, a string not a boolean). Other fields are accepted and named in
+    the record; ``prompt``'s shapes are checked by ``prompts_of``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str
+    prompt: Any = Field(
+        default=None,
+        json_schema_extra={
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}},
+                {"type": "array", "items": {"type": "integer"}},
+                {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+            ]
+        },
+    )
+    max_tokens: int | None = Field(default=DEFAULT_MAX_TOKENS, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM's; -1 (or 0): no top-k
+    n: int | None = Field(default=None, ge=1, le=MAX_N)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1)
+    metadata: dict[str, Any] | None = None
+    add_special_tokens: bool | None = None  # vLLM's; default true
+    skip_special_tokens: bool | None = None  # vLLM's; default true
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > 4 or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(
+                f"stop takes up to 4 non-empty strings of at most {MAX_STOP_CHARS} characters"
+            )
+        return value
+
+    @property
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+def _bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def prompts_of(value: Any) -> list[str | list[int]]:
+    """The request's prompts: texts or token-id lists (``APIError`` 400 for anything else,
+    an empty prompt, or more than ``MAX_PROMPTS``).
+
+    Example:
+        >>> prompts_of("Once upon"), prompts_of([1, 2]), prompts_of([[1], [2, 3]])
+        (['Once upon'], [[1, 2]], [[1], [2, 3]])
+    """
+    if isinstance(value, str):
+        prompts: list[Any] = [value]
+    elif isinstance(value, list) and value and all(_is_id(v) for v in value):
+        prompts = [value]
+    elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        prompts = value
+    elif isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        for i, ids in enumerate(value):
+            bad = next((j for j, v in enumerate(ids) if not _is_id(v)), None)
+            if bad is not None:
+                raise _bad(
+                    f"prompt[{i}][{bad}] is not a token id (an integer): prompt is {PROMPT_SHAPES}",
+                    "prompt",
+                )
+        prompts = value
+    elif value is None:
+        raise _bad("prompt is required", "prompt")
+    elif isinstance(value, list) and not value:
+        raise _bad("prompt is an empty list", "prompt")
+    else:
+        raise _bad(f"prompt must be {PROMPT_SHAPES}", "prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise _bad(
+            f"prompt holds {len(prompts)} prompts; at most {MAX_PROMPTS} are served per request",
+            "prompt",
+        )
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            raise _bad(f"{where} is empty", "prompt")
+    return prompts
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass
+class Parsed:
+    """A parsed, validated request: the body as sent, its fields, and its prompts."""
+
+    payload: dict[str, Any]
+    request: CompletionRequest
+    prompts: list[str | list[int]]
+
+    @property
+    def n(self) -> int:
+        return self.request.n or 1
+
+
+def parse_request(payload: dict[str, Any]) -> Parsed:
+    """The validated request; ``APIError`` 400 naming what was wrong (and what is refused)."""
+    try:
+        request = CompletionRequest.model_validate(payload)
+    except ValidationError as exc:
+        message, param = validation_message(exc)
+        raise _bad(message, param) from None
+    prompts = prompts_of(request.prompt)
+    n = request.n or 1
+    if request.suffix:
+        raise _bad("suffix (insertion) is not supported; send the prompt only", "suffix")
+    if request.best_of is not None and request.best_of != n:
+        raise _bad(
+            f"best_of={request.best_of} is not supported: every sampled choice is returned "
+            f"(and recorded); leave best_of out or equal to n ({n})",
+            "best_of",
+        )
+    if request.echo and request.logprobs is not None:
+        raise _bad(
+            "echo with logprobs is not supported: the engine does not score prompt tokens; "
+            "ask for logprobs without echo",
+            "echo",
+        )
+    if len(prompts) * n > MAX_CHOICES:
+        raise _bad(
+            f"{len(prompts)} prompts x n={n} is {len(prompts) * n} choices; at most "
+            f"{MAX_CHOICES} are served per request",
+            "n",
+        )
+    return Parsed(payload, request, prompts)
+
+
+def _read(raw: bytes) -> Parsed:
+    return parse_request(parse_json_object(raw))
+
+
+def encode_text(served: ServedModel, text: str, add_special_tokens: bool = True) -> list[int]:
+    """``text``'s ids as vLLM's completions encode it: ``tokenizer(text)``, with the
+    tokenizer's own special tokens (a BOS) unless ``add_special_tokens`` is false."""
+    if not add_special_tokens:
+        return served.prompts.encode(text)
+    return list(served.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def _check_chars(served: ServedModel, prompts: list[str | list[int]]) -> int:
+    """The prompts' characters; 400 for a text that cannot fit the context whatever its
+    tokens (refused before it is tokenized: a token covers at most ``max_token_chars``)."""
+    context = served.engine.context_length
+    most = context * served.prompts.max_token_chars
+    chars = 0
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            if len(prompt) > most:
+                raise _bad(
+                    f"{_where(i, len(prompts))} has {len(prompt)} characters, more than the "
+                    f"{most} that the model's context of {context} tokens can hold",
+                    "prompt",
+                    "context_length_exceeded",
+                )
+            chars += len(prompt)
+    return chars
+
+
+def _where(i: int, count: int) -> str:
+    return "the prompt" if count == 1 else f"prompt[{i}]"
+
+
+def _encode_all(
+    served: ServedModel, prompts: list[str | list[int]], add_special_tokens: bool
+) -> list[list[int]]:
+    return [
+        encode_text(served, p, add_special_tokens) if isinstance(p, str) else list(p)
+        for p in prompts
+    ]
+
+
+def _check_ids(served: ServedModel, ids: list[int], i: int, count: int) -> None:
+    vocab = served.chat.vocab_size or len(served.tokenizer)
+    if not ids or (min(ids) >= 0 and max(ids) < vocab):
+        return
+    bad = next((j for j, t in enumerate(ids) if not 0 <= t < vocab), None)
+    if bad is not None:
+        where = "prompt" if count == 1 else f"prompt[{i}]"
+        raise _bad(
+            f"{where}[{bad}] = {ids[bad]} is not a token id of this model (0..{vocab - 1})",
+            "prompt",
+        )
+
+
+def _token_limit(
+    request: CompletionRequest, served: ServedModel, prompt_len: int, where: str
+) -> int:
+    """The most tokens to sample; 400 when the prompt, or the prompt plus ``max_tokens``,
+    does not fit the context (as OpenAI answers: nothing is lowered)."""
+    context = served.engine.context_length
+    if prompt_len >= context:
+        raise _bad(
+            f"{where} has {prompt_len} tokens; the model's context is {context}",
+            "prompt",
+            "context_length_exceeded",
+        )
+    limit = request.max_tokens
+    if limit is None:  # explicit null: the served default, as far as the context allows
+        return min(served.default_max_tokens, context - prompt_len)
+    if prompt_len + limit > context:
+        default = "" if "max_tokens" in request.model_fields_set else " (the default)"
+        raise _bad(
+            f"max_tokens={limit}{default} plus {where}'s {prompt_len} tokens exceeds the "
+            f"model's context of {context}",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+    return limit
+
+
+def _chat_view(parsed: Parsed, limit: int) -> ChatCompletionRequest:
+    """The chat request the rest of the gateway reads of a call (``model``, ``logprobs``,
+    ``stream_options``, the sampling fields); validated already, so built without checks
+    (it has no messages)."""
+    request = parsed.request
+    return ChatCompletionRequest.model_construct(
+        model=request.model,
+        messages=[],
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        top_k=max(request.top_k or 0, 0),
+        max_tokens=limit,
+        n=parsed.n,
+        stop=request.stop,
+        seed=request.seed,
+        logprobs=request.logprobs is not None,
+        top_logprobs=request.logprobs,
+        stream=bool(request.stream),
+        stream_options=request.stream_options,
+        metadata=request.metadata,
+    )
+
+
+async def prepare(
+    gateway: Gateway, parsed: Parsed, header: str | None, rollout_id: str | None
+) -> list[PreparedCall]:
+    """One prepared call per prompt: the model resolved (404 when not served), the prompt
+    encoded (on a worker thread when long) and checked against the vocabulary and context."""
+    request = parsed.request
+    served, adapter = await gateway.resolve(request.model)
+    # The metadata's own checks (its size) read the chat view's metadata only.
+    metadata = request_metadata(
+        _chat_view(parsed, DEFAULT_MAX_TOKENS), header, gateway.max_metadata_bytes
+    )
+    prompts = parsed.prompts
+    add_special = request.add_special_tokens is not False
+    chars = _check_chars(served, prompts)
+    tokens = sum(len(p) for p in prompts if not isinstance(p, str))
+    try:
+        if chars + tokens <= INLINE_PROMPT_CHARS:
+            encoded = _encode_all(served, prompts, add_special)
+        else:
+            encoded = await asyncio.to_thread(_encode_all, served, prompts, add_special)
+    except Exception as exc:  # a tokenizer that cannot encode this text
+        raise _bad(f"cannot tokenize the prompt: {exc}", "prompt") from None
+    recorded = recorded_fields(parsed.payload, SERVED_FIELDS, NOT_RECORDED)
+    log_ignored(gateway, API, recorded)
+    calls = []
+    limits = []
+    for i, ids in enumerate(encoded):
+        # The length first: the ids checked one by one are at most a context's worth.
+        limits.append(_token_limit(request, served, len(ids), _where(i, len(prompts))))
+        _check_ids(served, ids, i, len(prompts))
+    for i, (prompt, ids, limit) in enumerate(zip(prompts, encoded, limits, strict=True)):
+        params_recorded = dict(recorded)
+        if len(prompts) > 1:
+            params_recorded["prompt_index"] = i
+        if isinstance(prompt, str) and len(prompt) <= MAX_RECORDED_PROMPT_CHARS:
+            params_recorded["prompt"] = prompt
+        if request.max_tokens is None or "max_tokens" not in request.model_fields_set:
+            params_recorded["max_tokens"] = limit  # the limit sampled with
+        calls.append(
+            PreparedCall(
+                served=served,
+                chat=_chat_view(parsed, limit),
+                messages=[],
+                tools=None,
+                rollout_id=rollout_id,
+                metadata=metadata,
+                request_params=params_recorded,
+                prompt_ids=ids,
+                params=SamplingParams(
+                    temperature=1.0 if request.temperature is None else request.temperature,
+                    top_p=1.0 if request.top_p is None else request.top_p,
+                    top_k=max(request.top_k or 0, 0),
+                    max_tokens=limit,
+                    n=parsed.n,
+                    stop=request.stop_list,
+                    seed=request.seed,
+                    top_logprobs=request.logprobs or 0,
+                ),
+                adapter=adapter,
+                index=served.store.next_index(rollout_id),
+                api=API,
+            )
+        )
+    return calls
+
+
+def answer_text(call: PreparedCall, ids: list[int], skip_special: bool) -> str:
+    """The text a choice's ids answer: decoded (special tokens skipped unless asked
+    otherwise), cut at the first stop string."""
+    text = str(call.served.tokenizer.decode(ids, skip_special_tokens=skip_special))
+    ends = [i for s in call.params.stop if s and (i := text.find(s)) >= 0]
+    return text[: min(ends)] if ends else text
+
+
+def to_llm_call(
+    call: PreparedCall,
+    result: GenerationResult,
+    started: float,
+    latency: float,
+    skip_special: bool = True,
+) -> LLMCall:
+    """The record of one choice: the raw text (no chat format reads it)."""
+    tokenizer = call.served.tokenizer
+    return LLMCall(
+        rollout_id=call.rollout_id,
+        index=call.index,
+        choice_index=result.choice_index,
+        model=call.chat.model,
+        adapter_step=result.adapter_step,
+        replica=result.replica,
+        api=call.api,
+        messages=call.messages,
+        tools=None,
+        request_params=call.request_params,
+        prompt_token_ids=call.prompt_ids,
+        completion_token_ids=result.token_ids,
+        logprobs=result.logprobs,
+        completion_text=tokenizer.decode(result.token_ids, skip_special_tokens=False),
+        response_message={
+            "role": "assistant",
+            "content": answer_text(call, result.token_ids, skip_special),
+        },
+        finish_reason=result.finish_reason,
+        created_at=started,
+        latency_s=latency,
+        metadata={
+            **call.metadata,
+            **({"top_logprobs": result.top_logprobs} if result.top_logprobs else {}),
+        },
+    )
+
+
+async def sample_and_record(
+    call: PreparedCall,
+    skip_special: bool = True,
+    on_tokens: Any = None,
+) -> list[LLMCall]:
+    """Run ``call`` on its engine and record one ``LLMCall`` per choice before answering."""
+    started = time.time()
+    results = await call.served.engine.generate(
+        GenerationRequest(
+            call.prompt_ids,
+            call.params,
+            adapter=call.adapter,
+            on_tokens=on_tokens,
+            route_key=call.rollout_id,
+        )
+    )
+    latency = time.time() - started
+    calls = [to_llm_call(call, r, started, latency, skip_special) for r in results]
+    await call.served.store.record_request(calls)
+    return calls
+
+
+# Sampling tasks of streamed requests, kept referenced until done: a client that hangs up
+# stops reading, not the sampling and recording.
+_RUNNING: set[asyncio.Task[Any]] = set()
+
+
+def _start(coroutine: Any) -> asyncio.Task[Any]:
+    task = asyncio.ensure_future(coroutine)
+    _RUNNING.add(task)
+    task.add_done_callback(_RUNNING.discard)
+    return task
+
+
+class Answer:
+    """The answers to one request (one id and creation time for every chunk)."""
+
+    def __init__(self, parsed: Parsed, calls: list[PreparedCall]) -> None:
+        self.parsed = parsed
+        self.calls = calls
+        self.id = new_id("cmpl")
+        self.created = int(time.time())
+        self.skip_special = parsed.request.skip_special_tokens is not False
+        self._tokens: dict[int, str] = {}  # token id -> its text, for logprobs
+
+    @property
+    def model(self) -> str:
+        return self.parsed.request.model
+
+    def echo(self, i: int) -> str:
+        """The echoed text of prompt ``i`` (empty unless ``echo``)."""
+        if not self.parsed.request.echo:
+            return ""
+        prompt = self.parsed.prompts[i]
+        if isinstance(prompt, str):
+            return prompt
+        tokenizer = self.calls[i].served.tokenizer
+        return str(tokenizer.decode(prompt, skip_special_tokens=self.skip_special))
+
+    def token(self, token_id: int) -> str:
+        text = self._tokens.get(token_id)
+        if text is None:
+            tokenizer = self.calls[0].served.tokenizer
+            text = self._tokens[token_id] = tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def logprobs(self, recorded: LLMCall, offset: int) -> dict[str, Any] | None:
+        """The legacy ``logprobs`` of a choice's sampled tokens: their texts, logprobs, top
+        alternatives (the sampled token among them, as vLLM gives them; keyed by text, so
+        alternatives of the same text collapse into one) and offsets in the
+        choice's text (after the echoed prompt, ``offset`` characters)."""
+        top_n = self.parsed.request.logprobs
+        if top_n is None:
+            return None
+        ids = recorded.completion_token_ids
+        alternatives = recorded.metadata.get("top_logprobs") or [[] for _ in ids]
+        tokens, token_logprobs, top, text_offset = [], [], [], []
+        for token_id, logprob, alts in zip(ids, recorded.logprobs, alternatives, strict=False):
+            text = self.token(token_id)
+            tokens.append(text)
+            token_logprobs.append(logprob)
+            text_offset.append(offset)
+            offset += len(text)
+            best = {self.token(i): v for i, v in list(alts)[:top_n]}
+            # The sampled token's own entry wins over an alternative of the same text (two
+            # partial UTF-8 byte tokens both read "\ufffd").
+            best[text] = logprob
+            top.append(best)
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top,
+            "text_offset": text_offset,
+        }
+
+    def choice_index(self, prompt: int, choice: int) -> int:
+        return prompt * self.parsed.n + choice
+
+    def extension(self, recorded: LLMCall, prompt: int) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "token_ids": recorded.completion_token_ids,
+            "call_id": recorded.id,
+            "adapter_step": recorded.adapter_step,
+        }
+        if len(self.calls) > 1:
+            fields["prompt_token_ids"] = recorded.prompt_token_ids
+        return fields
+
+    def usage(self, recorded: list[list[LLMCall]]) -> dict[str, int]:
+        prompt = sum(len(call.prompt_ids) for call in self.calls)
+        completion = sum(c.num_completion_tokens for calls in recorded for c in calls)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
+
+    def body(self, recorded: list[list[LLMCall]]) -> dict[str, Any]:
+        """The non-streamed ``text_completion``."""
+        choices = []
+        for i, calls in enumerate(recorded):
+            echo = self.echo(i)
+            for c in calls:
+                choices.append(
+                    {
+                        "index": self.choice_index(i, c.choice_index),
+                        "text": echo + (c.response_message.get("content") or ""),
+                        "logprobs": self.logprobs(c, len(echo)),
+                        "finish_reason": c.finish_reason,
+                        **self.extension(c, i),
+                    }
+                )
+        first = next((calls[0] for calls in recorded if calls), None)
+        body = self.chunk(
+            choices,
+            system_fingerprint=f"art-step-{first.adapter_step}" if first else None,
+            usage=self.usage(recorded),
+        )
+        if len(self.calls) == 1:
+            body["prompt_token_ids"] = self.calls[0].prompt_ids
+        return body
 
 
 async def create(gateway: Gateway, request: Request) -> Response:
-    raise APIError(404, "not served yet", type="not_found_error")
+    """``POST /v1/completions``: answer one request as a ``text_completion`` or its chunks.
+
+    Example:
+        >>> Route("/v1/completions", answered(gateway.bound(create)))  # doctest: +SKIP
+    """
+    from art_core.gateway.app import rollout_id
+
+    rollout = rollout_id(request)
+    raw = await read_body(request, gateway.max_body_bytes)
+    header = request.headers.get("x-art-metadata")
+    if len(raw) + len(header or "") > INLINE_BODY_BYTES:
+        parsed = await asyncio.to_thread(_read, raw)
+    else:
+        parsed = _read(raw)
+    calls = await prepare(gateway, parsed, header, rollout)
+    answer = Answer(parsed, calls)
+    if parsed.request.stream:
+        return StreamingResponse(
+            stream_chunks(answer),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    # Shielded: a client that hangs up does not cancel the sampling or the recording.
+    tasks = [asyncio.ensure_future(sample_and_record(c, answer.skip_special)) for c in calls]
+    try:
+        recorded = await asyncio.shield(asyncio.gather(*tasks))
+    except EngineError as exc:
+        raise engine_error(exc) from None
+    return completion_response(answer.body(list(recorded)))
+
+
+async def stream_chunks(answer: Answer) -> AsyncIterator[str]:
+    """The SSE chunks of a streamed request: each choice's echoed prompt, then its text as
+    it is sampled (holding back what may still turn into a stop string, which is cut), then
+    its last chunk (the rest of the text, the finish reason, logprobs, ``token_ids``,
+    ``call_id``); with ``stream_options.include_usage`` a chunk of usage; ``[DONE]``."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[int, int, list[int]]] = asyncio.Queue()
+    calls = answer.calls
+    n = answer.parsed.n
+
+    def listener(prompt: int) -> Any:
+        def on_tokens(choice: int, ids: list[int]) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (prompt, choice, ids))
+
+        return on_tokens
+
+    tasks = [
+        _start(sample_and_record(c, answer.skip_special, on_tokens=listener(i)))
+        for i, c in enumerate(calls)
+    ]
+    sent: dict[tuple[int, int], str] = {}
+    sampled: dict[tuple[int, int], list[int]] = {}
+
+    def text_chunk(prompt: int, choice: int, text: str) -> str:
+        return sse(
+            answer.chunk(
+                [
+                    {
+                        "index": answer.choice_index(prompt, choice),
+                        "text": text,
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
+        )
+
+    for i in range(len(calls)):
+        echo = answer.echo(i)
+        for choice in range(n):
+            sent[(i, choice)] = ""
+            sampled[(i, choice)] = []
+            if echo:
+                yield text_chunk(i, choice, echo)
+    failure: BaseException | None = None
+    try:
+        while not all(t.done() for t in tasks) or not queue.empty():
+            getter = asyncio.ensure_future(queue.get())
+            pending = {t for t in tasks if not t.done()}
+            done, _ = await asyncio.wait({getter, *pending}, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                continue
+            prompt, choice, ids = getter.result()
+            key = (prompt, choice)
+            sampled[key].extend(ids)
+            decoded = str(
+                calls[prompt].served.tokenizer.decode(
+                    sampled[key], skip_special_tokens=answer.skip_special
+                )
+            )
+            if decoded.endswith("\ufffd"):
+                continue  # an incomplete UTF-8 sequence: wait for the next token
+            now = safe_before(decoded, calls[prompt].params.stop)
+            already = sent[key]
+            if len(now) > len(already) and now.startswith(already):
+                sent[key] = now
+                yield text_chunk(prompt, choice, now[len(already) :])
+    except Exception as exc:  # not the sampling's (its tasks go on and record)
+        failure = exc
+    recorded: list[list[LLMCall]] = []
+    for task in tasks:
+        error = task.exception() if task.done() else None
+        failure = failure or error
+        recorded.append(task.result() if task.done() and error is None else [])
+    for i, choices in enumerate(recorded):
+        echo_len = len(answer.echo(i))
+        for c in choices:
+            whole = c.response_message.get("content") or ""
+            already = sent[(i, c.choice_index)]
+            rest = whole[len(already) :] if whole.startswith(already) else ""
+            yield sse(
+                answer.chunk(
+                    [
+                        {
+                            "index": answer.choice_index(i, c.choice_index),
+                            "text": rest,
+                            "logprobs": answer.logprobs(c, echo_len),
+                            "finish_reason": c.finish_reason,
+                            **answer.extension(c, i),
+                        }
+                    ]
+                )
+            )
+    if failure is not None:
+        if isinstance(failure, EngineError):
+            refused = engine_error(failure)
+            status, kind, reason = refused.status, refused.type, refused.message
+        else:
+            logger.error("a streamed completion failed", exc_info=failure)
+            status, kind, reason = 500, "server_error", internal_error(failure).message
+        yield sse({"error": {"message": reason, "type": kind, "code": status}})
+        yield SSE_DONE
+        return
+    options = answer.parsed.request.stream_options
+    if options is not None and options.include_usage:
+        yield sse(answer.chunk([], usage=answer.usage(recorded)))
+    yield SSE_DONE
