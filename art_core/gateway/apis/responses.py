@@ -322,6 +322,8 @@ class _Conversation:
         if not isinstance(item, dict):
             raise _bad(f"{where} must be an object", where)
         kind = item.get("type", "message")
+        if not isinstance(kind, str):
+            raise _bad(f"{where}.type must be a string", f"{where}.type")
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
