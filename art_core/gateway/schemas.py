@@ -180,6 +180,22 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+def check_stop(value: str | list[str] | None) -> str | list[str] | None:
+    """``stop`` as a request gives it (a string or a list), checked: at most 4 non-empty
+    strings of at most ``MAX_STOP_CHARS`` characters (the chat and completions routes).
+
+    Example:
+        >>> check_stop(["\\n\\n", "END"])
+        ['\\n\\n', 'END']
+    """
+    stops = [value] if isinstance(value, str) else value or []
+    if len(stops) > 4 or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+        raise ValueError(
+            f"stop takes up to 4 non-empty strings of at most {MAX_STOP_CHARS} characters"
+        )
+    return value
+
+
 class ChatCompletionRequest(BaseModel):
     """The fields we serve; unknown extra fields (e.g. ``user``) are accepted and ignored."""
 
@@ -221,12 +237,7 @@ class ChatCompletionRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
-        stops = [value] if isinstance(value, str) else value or []
-        if len(stops) > 4 or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
-            raise ValueError(
-                f"stop takes up to 4 non-empty strings of at most {MAX_STOP_CHARS} characters"
-            )
-        return value
+        return check_stop(value)
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:

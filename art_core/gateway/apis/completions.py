@@ -62,10 +62,10 @@ from art_core.gateway.responses import SSE_DONE, completion_response, sse
 from art_core.gateway.schemas import (
     MAX_N,
     MAX_SEED,
-    MAX_STOP_CHARS,
     MIN_SEED,
     ChatCompletionRequest,
     StreamOptions,
+    check_stop,
 )
 from art_core.trajectories import LLMCall, new_id
 
@@ -149,12 +149,7 @@ class CompletionRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
-        stops = [value] if isinstance(value, str) else value or []
-        if len(stops) > 4 or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
-            raise ValueError(
-                f"stop takes up to 4 non-empty strings of at most {MAX_STOP_CHARS} characters"
-            )
-        return value
+        return check_stop(value)
 
     @property
     def stop_list(self) -> list[str]:

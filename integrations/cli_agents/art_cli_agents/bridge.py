@@ -20,8 +20,9 @@ import socket
 import struct
 import sys
 
+from art_cli_agents.forwarding import pipe
+
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
-CHUNK = 64 * 1024
 
 
 def loopback_up() -> None:
@@ -30,17 +31,6 @@ def loopback_up() -> None:
         request = struct.pack("16sh", b"lo", 0)
         flags = struct.unpack("16sh", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | IFF_UP))
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(CHUNK):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        writer.close()
 
 
 async def forward(listener: socket.socket, unix_path: str) -> None:
@@ -52,7 +42,7 @@ async def forward(listener: socket.socket, unix_path: str) -> None:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
 
     server = await asyncio.start_server(handle, sock=listener)
     async with server:

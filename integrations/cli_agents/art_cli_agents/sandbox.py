@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from art_cli_agents.forwarding import CHUNK, pipe
+
 logger = logging.getLogger(__name__)
 
 Network = Literal["auto", "isolated", "open"]
-CHUNK = 64 * 1024
 # How long a command has to exit after SIGTERM before SIGKILL.
 KILL_GRACE_S = 3.0
 
@@ -117,16 +118,6 @@ class _Tail:
 
 async def _forward_to(host: str, port: int, path: Path) -> asyncio.AbstractServer:
     """A Unix socket at ``path`` whose connections are forwarded to ``host:port``."""
-
-    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(CHUNK):
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            writer.close()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -112,7 +112,7 @@ async def test_output_is_bounded(cli_model: art.TrainableModel) -> None:
     trajectory = await cli.rollout(
         cli_model, fake("flood", str(5_000_000)), cli.Task("flood"), limits=limits
     )
-    assert trajectory.metrics["output_bytes"] == 5_000_000
+    assert trajectory.metrics["output_bytes"] == 5_000_000, trajectory.logs
     assert trajectory.metrics["exit_code"] == 0
     stdout = next(line for line in trajectory.logs if line.startswith("stdout"))
     assert len(stdout) < 1100
