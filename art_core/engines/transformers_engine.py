@@ -35,6 +35,7 @@ from art_core.engines.base import (
 )
 from art_core.engines.lora import LoraServer, UnsupportedAdapter
 from art_core.engines.packed import pack_linears, packing_supported
+from art_core.engines.prefix_cache import PrefixCache, default_prefix_cache_bytes
 from art_core.engines.sampling import RowSampling, sample_next_tokens
 from art_core.engines.tokenizer import ChatTokenizer, load_chat_tokenizer
 
@@ -54,6 +55,17 @@ class _Pending:
     failed: bool = False
     # Its grammar, compiled (before it was queued): each row follows a copy.
     grammar: Any | None = None
+
+
+@dataclass
+class _Seq:
+    """A sequence to prefill: its tokens, the adapter it runs with, and the KV blocks of its
+    first ``cached`` tokens (from the prefix cache; the last block may be cut short)."""
+
+    token_ids: list[int]
+    adapter: AdapterInfo | None
+    blocks: list[torch.Tensor] = field(default_factory=list)
+    cached: int = 0
 
 
 @dataclass
@@ -81,6 +93,9 @@ class TransformersEngine(ServesAdapters):
     starts a batch (so a burst of rollouts shares one prefill). ``worker``: the single thread
     to run torch work on (LocalBackend shares one with the trainer); by default its own.
     ``chat``: the model's tokenizer when the caller loaded it already (else loaded here).
+    ``prefix_cache_bytes``: the bound of the prefix cache (``prefix_cache.py``: a prefix
+    computed once is not prefilled again, within a batch or across calls); None for a
+    default from free memory, 0 for none.
 
     Example:
         >>> engine = TransformersEngine(Path(".art/base_models/tiny-random"))  # doctest: +SKIP
@@ -99,8 +114,20 @@ class TransformersEngine(ServesAdapters):
         batch_window: float = 0.005,
         worker: ThreadPoolExecutor | None = None,
         chat: ChatTokenizer | None = None,
+        prefix_cache_bytes: int | None = None,
     ) -> None:
+        if prefix_cache_bytes is not None and prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
         self.model_path = Path(model_path)
+        self._prefix_cache_bytes = prefix_cache_bytes
+        self.prefix_cache: PrefixCache | None = None
+        # Each adapter load gets its own serial: the prefix cache's namespace, so a reloaded
+        # name never reads the KV its previous weights computed.
+        self._adapter_serials: dict[str, int] = {}
+        self._loads = 0
+        # Prompt tokens asked for and actually run through the model, cache on or off.
+        self.prefill_tokens_asked = 0
+        self.prefill_tokens_computed = 0
         self._chat = chat
         self.batch_window = batch_window
         self.device = str(choose_device(device))
@@ -168,6 +195,25 @@ class TransformersEngine(ServesAdapters):
         self.context_length = chat.context_length
         self._eos_ids = chat.eos_token_ids
         self._pad_id = chat.pad_token_id
+        self.prefix_cache = self._new_prefix_cache(model)
+
+    def _new_prefix_cache(self, model: Any) -> PrefixCache | None:
+        """The prefix cache, where this model's KV cache is one plain tensor per layer."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        size = self._prefix_cache_bytes
+        if size is None:
+            size = default_prefix_cache_bytes(self.device)
+        if size <= 0:
+            return None
+        layers = DynamicCache(config=model.config).layers
+        if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+            # Sliding windows and recurrent layers keep no per-token KV to reuse.
+            logger.info("no prefix cache: %s's KV cache is not per-token", type(model).__name__)
+            return None
+        logger.debug("prefix cache of %.0f MiB", size / 2**20)
+        return PrefixCache(size)
 
     async def start(self) -> None:
         if self.model is None:
@@ -333,6 +379,9 @@ class TransformersEngine(ServesAdapters):
                 self._switch_to_peft()
         if self._lora is None:
             self._load_with_peft(path, name)
+        self._forget_prefixes(name)
+        self._loads += 1
+        self._adapter_serials[name] = self._loads
         for evicted in self._adapters.add(AdapterInfo(name=name, step=step, path=path)):
             self._unload(evicted.name)
 
@@ -349,14 +398,29 @@ class TransformersEngine(ServesAdapters):
 
     def _unload(self, name: str) -> None:
         """Free an adapter the registry let go of."""
+        self._forget_prefixes(name)
+        self._adapter_serials.pop(name, None)
         if self._lora is not None:
             self._lora.remove(name)
         else:
             self.model.delete_adapter(name)
 
+    def _forget_prefixes(self, name: str) -> None:
+        """Drop the prefix cache's entries of adapter ``name``'s current load."""
+        if self.prefix_cache is not None and name in self._adapter_serials:
+            self.prefix_cache.drop(f"{name}#{self._adapter_serials[name]}")
+
+    def _namespace(self, adapter: AdapterInfo | None) -> str:
+        """Whose weights computed a row's KV: the base, or one load of one adapter."""
+        if adapter is None or adapter.step == 0:
+            return "base"
+        return f"{adapter.name}#{self._adapter_serials.get(adapter.name, 0)}"
+
     def _switch_to_peft(self) -> None:
         """An adapter our LoRA layers cannot serve arrived: serve all of them with peft."""
         assert self._lora is not None
+        if self.prefix_cache is not None:  # KV computed by our layers, not peft's
+            self.prefix_cache.clear()
         self._lora.uninstall()
         self._lora = None
         for info in self._adapters.all():
@@ -560,35 +624,177 @@ class TransformersEngine(ServesAdapters):
 
     def _use_rows(self, rows: list[_Row]) -> None:
         """Tell our LoRA layers which adapter each row of the next forward uses."""
+        self._use_adapters([row.pending.adapter for row in rows])
+
+    def _use_adapters(self, adapters: list[AdapterInfo | None]) -> None:
         if self._lora is not None:
             self._lora.use_rows(
-                [
-                    None
-                    if row.pending.adapter is None or row.pending.adapter.step == 0
-                    else row.pending.adapter.name
-                    for row in rows
-                ]
+                [None if a is None or a.step == 0 else a.name for a in adapters]
             )
 
+    # ----------------------------------------------------------------------------- prefill
     def _prefill(self, rows: list[_Row]) -> _BatchState:
+        """Run the rows' prompts through the model: their KV and first logits.
+
+        With the prefix cache, a prompt's cached prefix is not computed again, and a prefix
+        that several rows share (the ``n`` choices of a request, a group's runs) is computed
+        once, first, for all of them.
+        """
+        self.prefill_tokens_asked += sum(len(r.pending.request.prompt_token_ids) for r in rows)
+        if self.prefix_cache is None:
+            seqs = [_Seq(row.pending.request.prompt_token_ids, row.pending.adapter) for row in rows]
+            return _BatchState(rows, *self._forward(seqs))
+        cache, stats = self.prefix_cache, self.prefix_cache.stats
+        keys = {
+            id(p): cache.keys(self._namespace(p.adapter), p.request.prompt_token_ids)
+            for p in {id(row.pending): row.pending for row in rows}.values()
+        }
+        computed_before = self.prefill_tokens_computed
+        shared = self._prefill_shared(rows, keys)
+        seqs = []
+        for row in rows:
+            prompt = row.pending.request.prompt_token_ids
+            seq = self._cached_seq(prompt, row.pending.adapter, keys[id(row.pending)], shared)
+            seqs.append(seq)
+            stats.rows += 1
+            stats.rows_hit += seq.cached > 0
+            stats.tokens_asked += len(prompt)
+            stats.tokens_hit += seq.cached
+        state = _BatchState(rows, *self._forward(seqs))
+        stats.tokens_computed += self.prefill_tokens_computed - computed_before
+        # Keep each prompt's blocks now, not only when its row ends: rollouts of the same
+        # group that arrive while this batch runs find them.
+        first_row = {id(row.pending): i for i, row in reversed(list(enumerate(rows)))}
+        for request, i in first_row.items():
+            self._keep(state.cache, state.attention, i, rows[i].pending.adapter, keys[request])
+        return state
+
+    def _cached_seq(
+        self,
+        token_ids: list[int],
+        adapter: AdapterInfo | None,
+        keys: list[bytes],
+        extra: dict[bytes, torch.Tensor] | None = None,
+    ) -> _Seq:
+        """``token_ids`` with the longest prefix the cache holds (at least one token left to
+        compute: the model's logits come from the last one)."""
+        assert self.prefix_cache is not None
+        block = self.prefix_cache.block_tokens
+        blocks = self.prefix_cache.lookup(keys, extra)
+        cached = min(len(blocks) * block, len(token_ids) - 1)
+        return _Seq(token_ids, adapter, blocks[: -(-cached // block)], cached)
+
+    def _prefill_shared(
+        self, rows: list[_Row], keys: dict[int, list[bytes]]
+    ) -> dict[bytes, torch.Tensor]:
+        """Compute once the prefixes that two or more rows share and the cache lacks; their
+        blocks by key (also kept in the cache, as far as its bound allows)."""
+        assert self.prefix_cache is not None
+        count: dict[bytes, int] = {}
+        for row in rows:
+            for key in keys[id(row.pending)]:
+                count[key] = count.get(key, 0) + 1
+        candidates: dict[bytes, tuple[_Pending, int]] = {}
+        for row in rows:
+            own = keys[id(row.pending)]
+            shared = 0
+            while shared < len(own) and count[own[shared]] >= 2:
+                shared += 1
+            if shared and self.prefix_cache.held_run(own[:shared]) < shared:
+                candidates[own[shared - 1]] = (row.pending, shared)
+        # A prefix of another candidate comes with it.
+        inner = {k for p, n in candidates.values() for k in keys[id(p)][: n - 1]}
+        chosen = [(p, n) for last, (p, n) in candidates.items() if last not in inner]
+        if not chosen:
+            return {}
+        block = self.prefix_cache.block_tokens
+        seqs = [
+            self._cached_seq(
+                p.request.prompt_token_ids[: n * block], p.adapter, keys[id(p)][:n]
+            )
+            for p, n in chosen
+        ]
+        kv, attention, _, _ = self._forward(seqs)
+        computed: dict[bytes, torch.Tensor] = {}
+        for i, (p, n) in enumerate(chosen):
+            own = keys[id(p)][:n]
+            held = len(seqs[i].blocks)  # cached ones (the last may be partial: recomputed)
+            held -= bool(seqs[i].cached % block)
+            new = self._blocks_of(kv, attention, i, held, n)
+            computed.update(zip(own[held:], new, strict=True))
+            self.prefix_cache.insert(self._namespace(p.adapter), own[held:], new)
+        return computed
+
+    def _keep(
+        self,
+        kv: Any,
+        attention: torch.Tensor,
+        index: int,
+        adapter: AdapterInfo | None,
+        keys: list[bytes],
+    ) -> None:
+        """Put the blocks of row ``index`` of a batch that the cache lacks into it."""
+        assert self.prefix_cache is not None
+        held = self.prefix_cache.held_run(keys)
+        if held < len(keys):
+            blocks = self._blocks_of(kv, attention, index, held, len(keys))
+            self.prefix_cache.insert(self._namespace(adapter), keys[held:], blocks)
+
+    def _remember(self, state: _BatchState, index: int) -> None:
+        """A row ended: keep what it computed (its prompt and the tokens it was fed) for the
+        next turn, which starts with them."""
+        assert self.prefix_cache is not None
+        row = state.rows[index]
+        fed = row.pending.request.prompt_token_ids + row.tokens[:-1]
+        if int(state.attention[index].sum()) != len(fed):
+            logger.debug("row KV does not line up with its tokens; not cached")
+            return
+        keys = self.prefix_cache.keys(self._namespace(row.pending.adapter), fed)
+        self._keep(state.cache, state.attention, index, row.pending.adapter, keys)
+
+    def _blocks_of(
+        self, kv: Any, attention: torch.Tensor, index: int, first: int, end: int
+    ) -> list[torch.Tensor]:
+        """Blocks ``first`` to ``end - 1`` of row ``index``'s sequence, each its own tensor
+        ``[layers, 2, kv heads, block, head dim]`` (so evicting one frees it)."""
+        assert self.prefix_cache is not None
+        block = self.prefix_cache.block_tokens
+        columns = attention[index].nonzero().squeeze(-1)[first * block : end * block]
+        keys = torch.stack([layer.keys[index].index_select(1, columns) for layer in kv.layers])
+        values = torch.stack([layer.values[index].index_select(1, columns) for layer in kv.layers])
+        both = torch.stack([keys, values], dim=1)
+        return [chunk.clone() for chunk in both.split(block, dim=3)]
+
+    def _forward(self, seqs: list[_Seq]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One forward over the part of each sequence that is not cached, after its cached KV.
+
+        Each row's columns: [padding][its cached prefix][padding][its new tokens], so every
+        row ends at the last column (its next-token logits) and attends to its own tokens
+        alone; positions are per row, so the numbers do not depend on the padding.
+        Returns the KV cache, attention mask, each row's last position and its logits.
+        """
         from transformers import DynamicCache
 
-        self._use_rows(rows)
-        device = self.device
-        prompts = [row.pending.request.prompt_token_ids for row in rows]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):  # left padding: every row ends at the same column
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
-            attention[i, width - len(prompt) :] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        self._use_adapters([seq.adapter for seq in seqs])
+        news = [seq.token_ids[seq.cached :] for seq in seqs]
+        width = max(len(new) for new in news)
+        past = max(seq.cached for seq in seqs)
+        input_ids = torch.full((len(seqs), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(seqs), past + width), dtype=torch.long)
+        positions = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, (seq, new) in enumerate(zip(seqs, news, strict=True)):
+            input_ids[i, width - len(new) :] = torch.tensor(new)
+            attention[i, past - seq.cached : past] = 1
+            attention[i, past + width - len(new) :] = 1
+            positions[i, width - len(new) :] = torch.arange(seq.cached, seq.cached + len(new))
         input_ids, attention, positions = (
-            input_ids.to(device),
-            attention.to(device),
-            positions.to(device),
+            input_ids.to(self.device),
+            attention.to(self.device),
+            positions.to(self.device),
         )
         cache = DynamicCache(config=self._base_model.config)
+        if past:
+            self._fill_past(cache, seqs, past)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention,
@@ -597,7 +803,24 @@ class TransformersEngine(ServesAdapters):
             logits_to_keep=1,
             **{self._cache_keyword: cache},
         )
-        return _BatchState(rows, cache, attention, positions[:, -1], out.logits[:, -1, :].float())
+        self.prefill_tokens_computed += sum(len(new) for new in news)
+        return cache, attention, positions[:, -1], out.logits[:, -1, :].float()
+
+    def _fill_past(self, cache: Any, seqs: list[_Seq], past: int) -> None:
+        """Lay each row's cached blocks right-aligned into ``past`` columns of ``cache``."""
+        assert self.prefix_cache is not None
+        block = self.prefix_cache.block_tokens
+        first = next(seq.blocks[0] for seq in seqs if seq.blocks)
+        layers, _, heads, _, dim = first.shape
+        kv = first.new_zeros((layers, 2, len(seqs), heads, past, dim))
+        for i, seq in enumerate(seqs):
+            at = past - seq.cached
+            for b, blk in enumerate(seq.blocks):
+                take = min(block, seq.cached - b * block)
+                start = at + b * block
+                kv[:, :, i, :, start : start + take] = blk[:, :, :, :take]
+        for layer in range(layers):
+            cache.update(kv[layer, 0], kv[layer, 1], layer)
 
     @torch.inference_mode()
     def _decode(self, batch: list[_Pending], joined: list[_Pending]) -> None:
@@ -619,6 +842,11 @@ class TransformersEngine(ServesAdapters):
                 for j, row in enumerate(state.rows)
                 if not row.pending.failed and not self._advance(row, sampled[j])
             ]
+            if self.prefix_cache is not None and len(keep) < len(state.rows):
+                kept = set(keep)
+                for j, row in enumerate(state.rows):
+                    if j not in kept and not row.pending.failed:
+                        self._remember(state, j)
             state.select(keep)
             if keep:
                 self._use_rows(state.rows)
