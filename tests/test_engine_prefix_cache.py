@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 import torch
+from lora_support import make_adapter
 
 from art_core.embedded import resolve_base_model
 from art_core.engines.base import GenerationRequest, GenerationResult, SamplingParams
 from art_core.engines.prefix_cache import PrefixCache
 from art_core.engines.transformers_engine import TransformersEngine
-from lora_support import make_adapter
 
 VOCAB = 690  # tiny-random's vocabulary is 695 ids
 ON = 64 << 20
@@ -95,7 +95,7 @@ def test_lookup_finds_the_longest_held_prefix() -> None:
     cache = PrefixCache(1 << 20, block_tokens=2)
     keys = cache.keys("base", list(range(8)))
     cache.insert("base", keys[:3], [block(i) for i in range(3)])
-    found = cache.lookup(cache.keys("base", list(range(6)) + [99, 98]))
+    found = cache.lookup(cache.keys("base", [*list(range(6)), 99, 98]))
     assert [float(t[0]) for t in found] == [0.0, 1.0, 2.0]
     assert cache.lookup(cache.keys("base", [5, 5, 5, 5])) == []
 
@@ -175,10 +175,7 @@ async def test_a_group_arriving_together_and_while_its_batch_runs(base_path: Pat
         )
         early = await asyncio.gather(*first)
         late = await asyncio.gather(
-            *(
-                engine.generate(GenerationRequest(system + task, GREEDY))
-                for task in tasks
-            )
+            *(engine.generate(GenerationRequest(system + task, GREEDY)) for task in tasks)
         )
         return [*early, *late, await long_row]
 
@@ -269,7 +266,7 @@ async def test_a_failed_prefill_leaves_no_entry_and_the_next_call_is_right(
     params = SamplingParams(temperature=0.0, max_tokens=8)
 
     async with engine_with(base_path, 0) as engine:
-        [expected] = await engine.generate(GenerationRequest(system + [7], params))
+        [expected] = await engine.generate(GenerationRequest([*system, 7], params))
 
     async with engine_with(base_path, ON) as engine:
         assert engine.prefix_cache is not None
@@ -288,7 +285,7 @@ async def test_a_failed_prefill_leaves_no_entry_and_the_next_call_is_right(
         try:
             with pytest.raises(RuntimeError, match="simulated"):
                 await asyncio.gather(
-                    *(engine.generate(GenerationRequest(system + [7], params)) for _ in range(2))
+                    *(engine.generate(GenerationRequest([*system, 7], params)) for _ in range(2))
                 )
         finally:
             model.forward = forward
@@ -296,7 +293,7 @@ async def test_a_failed_prefill_leaves_no_entry_and_the_next_call_is_right(
         # Only whole blocks of the shared prefix were kept (nothing of the failed rows).
         assert len(cache) == 160 // cache.block_tokens
         assert cache.bytes_held == sum(b.nbytes for b in cache._blocks.values())
-        [answer] = await engine.generate(GenerationRequest(system + [7], params))
+        [answer] = await engine.generate(GenerationRequest([*system, 7], params))
     assert answer.token_ids == expected.token_ids
     assert answer.logprobs == pytest.approx(expected.logprobs, abs=1e-4)
 
@@ -313,3 +310,42 @@ async def test_the_bound_holds_under_a_stream_of_distinct_long_prompts(base_path
             assert cache.bytes_held <= bound
         assert cache.stats.evictions > 0
         assert cache.metrics()["prefix_cache/bytes"] <= bound
+
+
+async def test_a_training_step_logs_the_prefix_cache_in_history_and_its_result(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    import art_core as art
+
+    system = "You are a careful agent. " * 40  # a long shared system prompt
+    async with art.LocalBackend(path=tmp_path, prefix_cache_bytes=32 << 20) as backend:
+        model = art.TrainableModel(name="cached", project="tests", base_model="tiny-random")
+        await model.register(backend)
+        trajectories = []
+        for i in range(4):
+            async with art.capture(model) as run:
+                await run.openai_client().chat.completions.create(
+                    model=run.model_name,
+                    messages=[
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": f"task {i}"},
+                    ],
+                    max_tokens=4,
+                    temperature=1.0,
+                )
+            trajectories.append(run.trajectory(reward=float(i % 2)))
+        result = await model.train(
+            [art.TrajectoryGroup(trajectories)], config=art.TrainConfig(learning_rate=1e-3)
+        )
+        history = backend.model_folder(model).history
+    assert result.metrics["serving/prefix_cache/hit_rate"] > 0.5
+    assert result.metrics["serving/prefix_cache/bytes"] <= 32 << 20
+    asked = result.metrics["serving/prefill/tokens_asked"]
+    assert result.metrics["serving/prefill/tokens_computed"] < 0.6 * asked
+    records = [json.loads(line) for line in history.read_text().splitlines()]
+    [serving] = [r for r in records if r.get("split") == "serving"]
+    assert (
+        serving["serving/prefix_cache/hit_rate"] == result.metrics["serving/prefix_cache/hit_rate"]
+    )

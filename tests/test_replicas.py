@@ -124,6 +124,9 @@ async def test_a_train_step_drains_both_replicas_and_both_serve_the_new_step(
     assert {t.calls[0].adapter_step for t, _ in after} == {result.step}
     assert result.metrics["serving/replicas"] == 2.0
     assert result.metrics["serving/replica0/live"] == 1.0
+    # Each replica's prefix cache, as its health check reports it.
+    assert result.metrics["serving/replica0/prefill/tokens_asked"] > 0
+    assert "serving/replica1/prefix_cache/hit_rate" in result.metrics
 
 
 async def test_a_killed_replica_fails_only_its_calls_and_comes_back(

@@ -96,6 +96,7 @@ class LocalBackend(BackendBase):
         threads_per_replica: int | None = None,
         replica_devices: list[str] | None = None,
         ray_address: str | None = None,
+        prefix_cache_bytes: int | None = None,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
@@ -111,6 +112,11 @@ class LocalBackend(BackendBase):
         self.device = device
         self.dtype = dtype
         self.max_batch_size = max_batch_size
+        # The transformers engine's prefix cache, per engine (each replica its own): None
+        # for a default from free memory, 0 for none (see engines/prefix_cache.py).
+        if prefix_cache_bytes is not None and prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
+        self.prefix_cache_bytes = prefix_cache_bytes
         self.default_max_tokens = default_max_tokens
         # A rollout not released this long after its last call leaves memory (its calls
         # stay on disk, read back if it goes on or is released later).
@@ -292,6 +298,7 @@ class LocalBackend(BackendBase):
             max_batch_size=self.max_batch_size,
             worker=torch_thread,
             chat=chat,
+            prefix_cache_bytes=self.prefix_cache_bytes,
         )
 
     @property
@@ -329,6 +336,7 @@ class LocalBackend(BackendBase):
             dtype=self.dtype,
             max_batch_size=self.max_batch_size,
             ray_address=self.ray_address,
+            prefix_cache_bytes=self.prefix_cache_bytes,
         )
         return ReplicaRouter(engines)
 
@@ -455,14 +463,20 @@ class LocalBackend(BackendBase):
         return True
 
     async def _log_serving(self, entry: _Registered, result: TrainResult) -> None:
-        """Per-replica serving metrics (in flight, tokens/s, restarts) of a replicated model:
-        into the step's result and a ``serving`` record of ``history.jsonl``."""
+        """Serving metrics: the prefix cache's (hit rate, tokens prefilled vs asked for,
+        bytes, evictions) and, for a replicated model, each replica's (in flight, tokens/s,
+        restarts): into the step's result (so its span) and a ``serving`` record of
+        ``history.jsonl``."""
         from art_core.engines.router import ReplicaRouter
 
         engine = entry.served.engine
-        if not isinstance(engine, ReplicaRouter):
+        if isinstance(engine, ReplicaRouter):
+            serving = engine.metrics()
+        else:
+            metrics = getattr(engine, "metrics", None)
+            serving = metrics(prefix="serving/") if callable(metrics) else {}
+        if not serving:
             return
-        serving = engine.metrics()
         result.metrics.update(serving)
         record = {"step": result.step, "split": "serving", "time": time.time(), **serving}
         await asyncio.to_thread(entry.folder.append_history, record)

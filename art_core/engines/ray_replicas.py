@@ -39,6 +39,7 @@ class EngineWorkerActor:
         threads: int | None,
         max_batch_size: int,
         max_loras: int,
+        prefix_cache_bytes: int | None = None,
     ) -> None:
         from art_core.engines.worker import ThreadedWorker, build_engine
 
@@ -49,6 +50,7 @@ class EngineWorkerActor:
             max_batch_size=max_batch_size,
             max_loras=max_loras,
             threads=threads,
+            prefix_cache_bytes=prefix_cache_bytes,
         )
         self._worker = ThreadedWorker(engine, host="0.0.0.0")
 
@@ -121,6 +123,7 @@ class RayWorkerEngine(WorkerClient):
         dtype: str | None = None,
         max_batch_size: int = 32,
         max_loras: int = 4,
+        prefix_cache_bytes: int | None = None,
         startup_timeout_s: float = 300.0,
         health_interval_s: float = 1.0,
         unresponsive_after_s: float = 60.0,
@@ -136,6 +139,7 @@ class RayWorkerEngine(WorkerClient):
         self.placement = placement
         self.dtype = dtype
         self.max_batch_size = max_batch_size
+        self.prefix_cache_bytes = prefix_cache_bytes
         self.startup_timeout_s = startup_timeout_s
         self.tokenizer = chat.tokenizer
         self._eos_ids = chat.eos_token_ids
@@ -169,6 +173,7 @@ class RayWorkerEngine(WorkerClient):
                 self.spec.threads,
                 self.max_batch_size,
                 self.max_loras + 1,
+                self.prefix_cache_bytes,
             )
         )
 

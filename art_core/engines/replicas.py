@@ -78,6 +78,7 @@ def build_replicas(
     dtype: str | None = None,
     max_batch_size: int = 32,
     ray_address: str | None = None,
+    prefix_cache_bytes: int | None = None,
 ) -> list[Engine]:
     """The engines of ``specs``: worker processes, or Ray actors with ``ray_address``
     (``"auto"``: the running cluster, or a new local one)."""
@@ -93,6 +94,7 @@ def build_replicas(
                 chat=chat,
                 dtype=dtype,
                 max_batch_size=max_batch_size,
+                prefix_cache_bytes=prefix_cache_bytes,
             )
             for spec in specs
         ]
@@ -109,6 +111,7 @@ def build_replicas(
             cpus=list(spec.cpus) if spec.cpus else None,
             max_batch_size=max_batch_size,
             chat=chat,
+            prefix_cache_bytes=prefix_cache_bytes,
         )
         for spec in specs
     ]

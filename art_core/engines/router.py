@@ -205,6 +205,8 @@ class ReplicaRouter(ServesAdapters):
             out[name + "tokens_per_s"] = (load.tokens_sampled - load._sampled_at_reading) / elapsed
             out[name + "restarts"] = float(getattr(replica, "restarts", 0))
             out[name + "live"] = float(self.available(index))
+            for key, value in getattr(replica, "engine_metrics", {}).items():
+                out[name + key] = value
             load._sampled_at_reading, load._read_at = load.tokens_sampled, now
         out[prefix + "rollouts_moved"] = float(self.moved)
         return out

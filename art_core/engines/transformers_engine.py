@@ -257,6 +257,21 @@ class TransformersEngine(ServesAdapters):
     def eos_token_ids(self) -> set[int]:
         return set(self._eos_ids)
 
+    def metrics(self, prefix: str = "") -> dict[str, float]:
+        """Prefill counters and the prefix cache's figures (hit rate, bytes, evictions).
+
+        Example:
+            >>> engine.metrics()["prefix_cache/hit_rate"]  # doctest: +SKIP
+            0.93
+        """
+        out = {
+            prefix + "prefill/tokens_asked": float(self.prefill_tokens_asked),
+            prefix + "prefill/tokens_computed": float(self.prefill_tokens_computed),
+        }
+        if self.prefix_cache is not None:
+            out.update(self.prefix_cache.metrics(prefix + "prefix_cache/"))
+        return out
+
     # ----------------------------------------------------------------------------- requests
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
         """Queue a request; it joins the next batch. Returns one result per choice."""
@@ -628,9 +643,7 @@ class TransformersEngine(ServesAdapters):
 
     def _use_adapters(self, adapters: list[AdapterInfo | None]) -> None:
         if self._lora is not None:
-            self._lora.use_rows(
-                [None if a is None or a.step == 0 else a.name for a in adapters]
-            )
+            self._lora.use_rows([None if a is None or a.step == 0 else a.name for a in adapters])
 
     # ----------------------------------------------------------------------------- prefill
     def _prefill(self, rows: list[_Row]) -> _BatchState:
@@ -709,9 +722,7 @@ class TransformersEngine(ServesAdapters):
             return {}
         block = self.prefix_cache.block_tokens
         seqs = [
-            self._cached_seq(
-                p.request.prompt_token_ids[: n * block], p.adapter, keys[id(p)][:n]
-            )
+            self._cached_seq(p.request.prompt_token_ids[: n * block], p.adapter, keys[id(p)][:n])
             for p, n in chosen
         ]
         kv, attention, _, _ = self._forward(seqs)

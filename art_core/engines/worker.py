@@ -147,6 +147,7 @@ class WorkerApp:
                 "pid": os.getpid(),
                 "context_length": self.engine.context_length,
                 "adapters": [{"name": a.name, "step": a.step} for a in self.engine.adapters()],
+                "metrics": engine_metrics(self.engine),
             }
         )
 
@@ -264,6 +265,12 @@ def pin_cpus(cpus: list[int] | None, threads: int | None) -> None:
         os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
+def engine_metrics(engine: Any) -> dict[str, float]:
+    """The engine's own figures (prefill, prefix cache), where it keeps any."""
+    metrics = getattr(engine, "metrics", None)
+    return metrics() if callable(metrics) else {}
+
+
 def build_engine(
     model: Path,
     *,
@@ -272,6 +279,7 @@ def build_engine(
     max_batch_size: int,
     max_loras: int,
     threads: int | None,
+    prefix_cache_bytes: int | None = None,
 ) -> Engine:
     """The transformers engine a worker serves (torch imported here, after ``pin_cpus``)."""
     from art_core.engines.transformers_engine import TransformersEngine
@@ -286,6 +294,7 @@ def build_engine(
         dtype=dtype,
         max_batch_size=max_batch_size,
         max_loaded_adapters=max_loras,
+        prefix_cache_bytes=prefix_cache_bytes,
     )
 
 
@@ -306,6 +315,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--max-loras", type=int, default=4)
+    parser.add_argument(
+        "--prefix-cache-bytes",
+        type=int,
+        default=None,
+        help="the prefix cache's bound (default: from free memory; 0: none)",
+    )
     return parser.parse_args(argv)
 
 
@@ -319,6 +334,7 @@ async def serve(args: argparse.Namespace) -> None:
         max_batch_size=args.max_batch_size,
         max_loras=args.max_loras,
         threads=args.threads,
+        prefix_cache_bytes=args.prefix_cache_bytes,
     )
     await engine.start()
     config = uvicorn.Config(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,28 @@ from art_core.engines.process import ServerProcess, free_port
 from art_core.engines.tokenizer import ChatTokenizer, load_chat_tokenizer
 
 logger = logging.getLogger(__name__)
+
+
+def _figures(response: httpx.Response, most: int = 64) -> dict[str, float]:
+    """The health answer's ``metrics``: names to finite numbers, at most ``most`` of them
+    (a worker is ours, but what crosses a socket is checked before it is kept)."""
+    try:
+        raw = response.json().get("metrics")
+    except (ValueError, AttributeError):
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[str, float] = {}
+    for name, value in list(raw.items())[:most]:
+        if (
+            isinstance(name, str)
+            and len(name) <= 128
+            and isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+        ):
+            out[name] = float(value)
+    return out
 
 
 class WorkerClient(HTTPEngine):
@@ -58,6 +81,8 @@ class WorkerClient(HTTPEngine):
         self._watcher: asyncio.Task[None] | None = None
         self._closing = False
         self.restarts = 0
+        # The worker engine's own figures (prefix cache, prefill), as its last health said.
+        self.engine_metrics: dict[str, float] = {}
 
     # ----------------------------------------------------------------------------- watching
     def _gone(self) -> str | None:
@@ -95,6 +120,7 @@ class WorkerClient(HTTPEngine):
         if expected is not None and isinstance(pid, int) and pid != expected:
             # e.g. restarted in place on the same port, without the adapters it served
             return False, f"answers from another process (pid {pid}, not {expected})"
+        self.engine_metrics = _figures(response)
         return True, None
 
     async def _watch(self) -> None:
@@ -202,6 +228,7 @@ class WorkerEngine(WorkerClient):
         max_batch_size: int = 32,
         max_loras: int = 4,
         chat: ChatTokenizer | None = None,
+        prefix_cache_bytes: int | None = None,
         startup_timeout_s: float = 300.0,
         unresponsive_after_s: float = 60.0,
         health_interval_s: float = 1.0,
@@ -220,6 +247,7 @@ class WorkerEngine(WorkerClient):
         self.threads = threads
         self.cpus = list(cpus) if cpus else None
         self.max_batch_size = max_batch_size
+        self.prefix_cache_bytes = prefix_cache_bytes
         self.startup_timeout_s = startup_timeout_s
         self._chat = chat
         self._server: ServerProcess | None = None
@@ -255,6 +283,8 @@ class WorkerEngine(WorkerClient):
                 command += [flag, value]
         if self.threads:
             command += ["--threads", str(self.threads)]
+        if self.prefix_cache_bytes is not None:
+            command += ["--prefix-cache-bytes", str(self.prefix_cache_bytes)]
         if self.cpus:
             command += ["--cpus", ",".join(str(c) for c in self.cpus)]
         return command

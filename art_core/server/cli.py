@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
@@ -45,6 +46,7 @@ async def serve(settings: ServeSettings, stop: asyncio.Event | None = None) -> i
         device=settings.device,
         dtype=settings.dtype,
         max_batch_size=settings.max_batch_size,
+        prefix_cache_bytes=settings.prefix_cache_bytes,
         default_max_tokens=settings.default_max_tokens,
         max_rollout_memory_mb=settings.max_rollout_memory_mb,
         replicas=settings.replicas,
@@ -111,6 +113,9 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         device=args.device,
         dtype=args.dtype,
         max_batch_size=args.max_batch_size,
+        prefix_cache_bytes=(
+            None if args.prefix_cache_mb is None else int(args.prefix_cache_mb * 1024 * 1024)
+        ),
         default_max_tokens=args.default_max_tokens,
         replicas=args.replicas,
         threads_per_replica=args.threads_per_replica,
@@ -152,6 +157,13 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -251,6 +263,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--max-batch-size", type=_positive(int), default=32)
+    parser.add_argument(
+        "--prefix-cache-mb",
+        type=_non_negative_float,
+        default=None,
+        help="per engine, the KV of prompt prefixes kept so a group's runs and an agent's "
+        "next turn do not prefill them again (default: an eighth of free memory, a quarter "
+        "of a GPU's; 0: off)",
+    )
     parser.add_argument("--default-max-tokens", type=_positive(int), default=1024)
     parser.add_argument(
         "--replicas",
