@@ -6,6 +6,10 @@
 #   bash run.sh check         the checks: ruff (lint and format) and mypy, core and integrations
 #   bash run.sh test [args]   the checks, then the whole test suite: core and every integration
 #   bash run.sh bench NAME    a benchmark script from benchmarks/
+#   bash run.sh gpu-bundle [DIR]     the wheels a GPU machine without network lacks (into .whl/)
+#   bash run.sh gpu-check [OUT_DIR]  the CUDA checks (tests/cuda, benchmarks/gpu.py) with the
+#                             machine's own python3 and torch, logs into OUT_DIR (gpu-out/);
+#                             without CUDA, their CPU side (tests skip, a tiny benchmark)
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${ART_VENV:-.venv}"
@@ -65,6 +69,70 @@ check() {
   "$VENV/bin/python" -m mypy "${packages[@]}"
 }
 
+# The CUDA checks on a lent GPU machine: its python3 holds torch, transformers and peft, and it
+# has no network, so nothing is created or downloaded there: the bundle's wheels (gpu-bundle)
+# go to a folder on PYTHONPATH, art_core runs from the checkout. Each step's log goes to the
+# output folder; the exit status is 0 only if every step passed.
+gpu_check() {
+  local out="${1:-gpu-out}" py="${ART_GPU_PYTHON:-python3}"
+  local work="${ART_GPU_WORK:-/tmp/art-gpu}" site="${ART_GPU_SITE:-/tmp/art-gpu-site}"
+  local started=$SECONDS failed=0 cuda=0 summary
+  mkdir -p "$out" "$work"
+  out="$(cd "$out" && pwd)"
+  summary="$out/summary.txt"
+  : >"$summary"
+  if ! "$py" -c "import torch" 2>/dev/null; then
+    setup # a machine whose python3 has no torch (CI, a laptop): the project's venv has it
+    py="$VENV/bin/python"
+  fi
+  # The project's venv (python3 is its own under this script's PATH) has every package already.
+  if [ "$("$py" -c 'import sys; print(sys.prefix)')" != "$(cd "$VENV" 2>/dev/null && pwd -P)" ]; then
+    if compgen -G ".whl/*.whl" >/dev/null; then
+      rm -rf "$site"
+      "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" .whl/*.whl
+      export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    else
+      echo "no .whl/ bundle here (bash run.sh gpu-bundle): using what $py has" | tee -a "$summary"
+    fi
+  fi
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ART_CORE_MODELS_DIR="$work/embedded"
+  "$py" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" && cuda=1
+  gpu_step() { # NAME LOG COMMAND...: run it, its output to the terminal and LOG
+    local name="$1" log="$2" t=$SECONDS
+    shift 2
+    echo "== $name"
+    if "$@" 2>&1 | tee -a "$log"; then
+      echo "$name: ok ($((SECONDS - t)) s)" >>"$summary"
+    else
+      echo "$name: FAILED ($((SECONDS - t)) s, see $(basename "$log"))" >>"$summary"
+      failed=1
+    fi
+  }
+  gpu_step environment "$out/env.txt" "$py" benchmarks/gpu_env.py
+  gpu_step "model shapes" "$out/env.txt" "$py" benchmarks/gpu_models.py
+  gpu_step tests/cuda "$out/pytest.log" "$py" -m pytest tests/cuda -p no:cacheprovider -q -rs
+  if [ "$cuda" = 1 ]; then
+    gpu_step "benchmarks/gpu.py" "$out/bench.log" "$py" benchmarks/gpu.py --out "$out" \
+      --work "$work" --budget-s "${ART_GPU_BUDGET_S:-300}"
+    # The prefix cache on the 0.5B-shaped model benchmarks/gpu.py built (no vLLM there).
+    gpu_step "benchmarks/prefix_cache.py" "$out/prefix_cache.txt" "$py" \
+      benchmarks/prefix_cache.py --base-model "$work/models/qwen2.5-0.5b" --no-vllm
+  else
+    echo "CUDA NOT FOUND: only the CPU side ran (tests/cuda skip, the benchmark at tiny size)" |
+      tee -a "$summary"
+    gpu_step "benchmarks/gpu.py --smoke" "$out/bench.log" "$py" benchmarks/gpu.py --smoke \
+      --out "$out" --work "$work"
+    gpu_step "benchmarks/prefix_cache.py --smoke" "$out/prefix_cache.txt" "$py" \
+      benchmarks/prefix_cache.py --smoke
+  fi
+  echo "gpu-check: $((SECONDS - started)) s, CUDA $([ "$cuda" = 1 ] && echo found || echo 'not found')" >>"$summary"
+  echo
+  cat "$summary"
+  return "$failed"
+}
+
 # Like an activated venv: console scripts it installs (MCP servers the tests start by name) are found.
 case "$VENV" in /*) VENV_BIN="$VENV/bin" ;; *) VENV_BIN="$PWD/$VENV/bin" ;; esac
 export PATH="$VENV_BIN:$PATH"
@@ -98,8 +166,15 @@ case "$command" in
     shift
     exec "$VENV/bin/python" "benchmarks/$name.py" "$@"
     ;;
+  gpu-bundle)
+    setup
+    exec "$VENV/bin/python" benchmarks/gpu_bundle.py "${1:-.whl}"
+    ;;
+  gpu-check)
+    gpu_check "${1:-gpu-out}"
+    ;;
   *)
-    echo "usage: bash run.sh {demo|check|test|bench NAME} [args]" >&2
+    echo "usage: bash run.sh {demo|check|test|bench NAME|gpu-bundle [DIR]|gpu-check [OUT_DIR]} [args]" >&2
     exit 2
     ;;
 esac

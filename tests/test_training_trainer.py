@@ -317,3 +317,30 @@ def test_a_failed_step_leaves_the_model_at_its_last_checkpoint(
         name = key.replace(".weight", ".default.weight")
         torch.testing.assert_close(in_memory[name], value, rtol=0, atol=0)
     assert trainer.train_step([group], FAST).step == 2
+
+
+def test_a_model_that_refuses_a_boolean_logits_to_keep_trains_the_same(
+    tmp_path: Path, base_path: Path, base_model, prompt, answers, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """transformers before ~5.2x (5.17 on the GPU image) indexes hidden states with the
+    boolean mask as 1-D positions and raises; the trainer then computes full logits."""
+    group = make_group(base_model, prompt, answers, {"yes": 1.0, "no": 0.0})
+    expected = Trainer(base_path, tmp_path / "a", device="cpu").train_step([group], FAST)
+
+    forward = type(base_model).forward
+    refused: list[int] = []
+
+    def old_forward(self, *args, logits_to_keep=0, **kwargs):  # type: ignore[no-untyped-def]
+        if isinstance(logits_to_keep, torch.Tensor):
+            refused.append(1)
+            raise IndexError("too many indices for tensor of dimension 3")
+        return forward(self, *args, logits_to_keep=logits_to_keep, **kwargs)
+
+    monkeypatch.setattr(type(base_model), "forward", old_forward)
+    trainer = Trainer(base_path, tmp_path / "b", device="cpu")
+    result = trainer.train_step([group], FAST)
+    again = trainer.train_step([group], FAST)
+    assert refused == [1]  # asked once, then full logits from then on
+    for key in ("train/loss", "train/logprob_mismatch", "train/grad_norm", "train/entropy"):
+        assert result.metrics[key] == pytest.approx(expected.metrics[key], rel=1e-4, abs=1e-6)
+    assert again.step == 2
