@@ -141,3 +141,38 @@ async def test_adapters_hot_swap_while_rows_decode_on_cuda(base_path: Path, tmp_
         assert torch.cuda.memory_allocated() > 0
     finally:
         await engine.close()
+
+
+async def test_the_prefix_cache_on_cuda_answers_as_without_it(base_path: Path) -> None:
+    """fp32 on cuda:0: a group of runs sharing a prompt, n > 1 and a second turn give the same
+    tokens with the prefix cache on and off, and the shared prompt is computed about once."""
+    import random
+
+    rng = random.Random(0)
+    prompt = [rng.randrange(5, 690) for _ in range(400)]
+
+    async def scenario(cache_bytes: int) -> tuple[list[list[int]], int]:
+        engine = TransformersEngine(
+            base_path, device="cuda:0", dtype="float32", prefix_cache_bytes=cache_bytes
+        )
+        await engine.start()
+        try:
+            greedy = SamplingParams(temperature=0.0, max_tokens=16)
+            first = await asyncio.gather(
+                *(engine.generate(GenerationRequest(prompt, greedy)) for _ in range(4)),
+                engine.generate(
+                    GenerationRequest(prompt, SamplingParams(seed=1, max_tokens=16, n=3))
+                ),
+            )
+            results = [r for group in first for r in group]
+            turn = [*prompt, *results[0].token_ids, 7, 8, 9]
+            results += await engine.generate(GenerationRequest(turn, greedy))
+            return [r.token_ids for r in results], engine.prefill_tokens_computed
+        finally:
+            await engine.close()
+
+    on, computed_on = await scenario(64 << 20)
+    off, computed_off = await scenario(0)
+    assert on == off
+    assert computed_off >= 8 * 400
+    assert computed_on <= 400 + 8 * 16 + 40
