@@ -114,11 +114,13 @@ async def rollout(
             )
             text = []
             async for chunk in stream:
-                if not record.first_token:
-                    record.first_token = time.perf_counter()
                 for choice in chunk.choices:
+                    # The first chunk may carry only the role: time the first text.
+                    if choice.delta.content and not record.first_token:
+                        record.first_token = time.perf_counter()
                     text.append(choice.delta.content or "")
             record.ended = time.perf_counter()
+            record.first_token = record.first_token or record.ended  # an empty answer
             out.turns.append(record)
             messages += [
                 {"role": "assistant", "content": "".join(text)},

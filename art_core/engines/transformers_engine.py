@@ -1064,21 +1064,22 @@ class _GrowingLayer(DynamicLayer):
         self.is_initialized = True
         self._view()
 
-    def _view(self) -> None:
-        self.keys = self._keys[..., : self.length, :]
-        self.values = self._values[..., : self.length, :]
+    def _view(self) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self._keys[..., : self.length, :], self._values[..., : self.length, :]
+        self.keys, self.values = keys, values
+        return keys, values
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         new = key_states.shape[-2]
         if self.length + new > self._keys.shape[-2]:
-            self.adopt(self.keys, self.values)  # grows by a quarter: amortised O(1) a step
+            # Grows by a quarter: amortised O(1) a step.
+            self.adopt(self._keys[..., : self.length, :], self._values[..., : self.length, :])
         self._keys[..., self.length : self.length + new, :] = key_states
         self._values[..., self.length : self.length + new, :] = value_states
         self.length += new
-        self._view()
-        return self.keys, self.values
+        return self._view()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._keys, self._values = self._keys[indices], self._values[indices]
