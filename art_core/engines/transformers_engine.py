@@ -971,7 +971,9 @@ class _BatchState:
             logits,
         )
         for index, layer in enumerate(cache.layers):  # decode steps write in place from now on
-            cache.layers[index] = _GrowingLayer(layer.keys, layer.values)
+            if type(layer) is DynamicLayer:  # not sliding-window or other special layers
+                assert layer.keys is not None and layer.values is not None
+                cache.layers[index] = _GrowingLayer(layer.keys, layer.values)
 
     def select(self, keep: list[int]) -> None:
         """Drop finished rows from the batch and from its cache."""
@@ -995,7 +997,12 @@ class _BatchState:
             return
         self.attention = self.attention[:, first:]
         for layer in self.cache.layers:
-            layer.adopt(layer.keys[:, :, first:, :], layer.values[:, :, first:, :])
+            if isinstance(layer, _GrowingLayer):
+                keys, values = layer.kv()
+                layer.adopt(keys[:, :, first:, :], values[:, :, first:, :])
+            else:
+                layer.keys = layer.keys[:, :, first:, :]
+                layer.values = layer.values[:, :, first:, :]
 
     def step(self, model: Any, next_ids: torch.Tensor, cache_keyword: str) -> None:
         """Feed each row its sampled token; compute the next logits."""
@@ -1019,13 +1026,19 @@ class _BatchState:
             pad = width - state.attention.shape[1]
             if pad:
                 state.attention = torch.nn.functional.pad(state.attention, (pad, 0))
+                for layer in state.cache.layers:
+                    if not isinstance(layer, _GrowingLayer):
+                        layer.keys = torch.nn.functional.pad(layer.keys, (0, 0, pad, 0))
+                        layer.values = torch.nn.functional.pad(layer.values, (0, 0, pad, 0))
         for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            mine.adopt(
-                *(
-                    _joined(a, b, width)
-                    for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values))
+            if isinstance(mine, _GrowingLayer):  # so is theirs: the same model's layer
+                (my_keys, my_values), (their_keys, their_values) = mine.kv(), theirs.kv()
+                mine.adopt(
+                    _joined(my_keys, their_keys, width), _joined(my_values, their_values, width)
                 )
-            )
+            else:
+                mine.keys = torch.cat([mine.keys, theirs.keys], dim=0)
+                mine.values = torch.cat([mine.values, theirs.values], dim=0)
         self.rows = self.rows + other.rows
         self.attention = torch.cat([self.attention, other.attention], dim=0)
         self.positions = torch.cat([self.positions, other.positions], dim=0)
@@ -1063,6 +1076,10 @@ class _GrowingLayer(DynamicLayer):
         self.device = keys.device
         self.is_initialized = True
         self._view()
+
+    def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values held (views of the buffers)."""
+        return self._view()
 
     def _view(self) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self._keys[..., : self.length, :], self._values[..., : self.length, :]
