@@ -463,20 +463,19 @@ class LocalBackend(BackendBase):
         return True
 
     async def _log_serving(self, entry: _Registered, result: TrainResult) -> None:
-        """Serving metrics: the prefix cache's (hit rate, tokens prefilled vs asked for,
-        bytes, evictions) and, for a replicated model, each replica's (in flight, tokens/s,
-        restarts): into the step's result (so its span) and a ``serving`` record of
-        ``history.jsonl``."""
+        """Serving metrics into the step's result (so its span and W&B): the prefix cache's
+        (hit rate, tokens prefilled vs asked for, bytes, evictions); for a replicated model,
+        each replica's (in flight, tokens/s, restarts, its prefix cache), also written as a
+        ``serving`` record of ``history.jsonl``."""
         from art_core.engines.router import ReplicaRouter
 
         engine = entry.served.engine
-        if isinstance(engine, ReplicaRouter):
-            serving = engine.metrics()
-        else:
+        if not isinstance(engine, ReplicaRouter):
             metrics = getattr(engine, "metrics", None)
-            serving = metrics(prefix="serving/") if callable(metrics) else {}
-        if not serving:
+            if callable(metrics):
+                result.metrics.update(metrics(prefix="serving/"))
             return
+        serving = engine.metrics()
         result.metrics.update(serving)
         record = {"step": result.step, "split": "serving", "time": time.time(), **serving}
         await asyncio.to_thread(entry.folder.append_history, record)
