@@ -13,10 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from pipeline_support import CONFIG, rollout, run_pipeline, scenarios, trained_groups
 
 import art_core as art
+from art_core.cpu import cpu_budget
 from art_core.model_folder import ModelFolder
+from art_core.pipeline.trainer import PROBE_STEPS, choose_overlap
 
 
 def _steps_of(group: art.TrajectoryGroup) -> list[int]:
@@ -71,6 +74,7 @@ async def test_groups_older_than_allowed_are_dropped_and_counted(tmp_path: Path)
             groups_per_step=2,
             num_rollout_workers=6,  # more groups in flight than a step takes: some go stale
             max_steps_off_policy=0,
+            overlap=True,
             max_steps=4,
             train_config=CONFIG,
             keep_groups_without_signal=True,
@@ -143,3 +147,89 @@ async def test_one_core_is_refused_clearly(tmp_path: Path, monkeypatch: pytest.M
         await model.register(backend)
         with pytest.raises(ValueError, match="two CPU cores"):
             backend.prepare_serve_while_training(model)
+
+
+def test_choose_overlap_keeps_the_faster_mode_with_a_margin() -> None:
+    assert choose_overlap(10.0, 6.0)[0] is True
+    chosen, why = choose_overlap(10.0, 12.0)
+    assert chosen is False and "cannot pay" in why and "10.00 s lock-step" in why
+    assert choose_overlap(10.0, 9.9)[0] is False  # within the margin: staler groups cost too
+    with pytest.raises(ValueError, match="periods"):
+        choose_overlap(0.0, 1.0)
+
+
+async def _train_pipeline(
+    path: Path, steps: int, **options: object
+) -> tuple[art.PipelineTrainer, int, int]:
+    """A short pipeline run; the model thread's CPU threads before and after it."""
+    # torch's thread count is one process-wide default for threads created later: as in a
+    # fresh process, the model's thread starts with every core.
+    torch.set_num_threads(cpu_budget())
+    async with art.LocalBackend(path=path) as backend:
+        model = art.TrainableModel(name="mode", project="pipeline", base_model="tiny-random")
+        await model.register(backend)
+        engine_thread = backend._entry(model).torch_thread
+        before = await asyncio.wrap_future(engine_thread.submit(torch.get_num_threads))
+        trainer = art.PipelineTrainer(
+            model,
+            rollout,
+            scenarios(),
+            group_size=4,
+            groups_per_step=2,
+            max_steps=steps,
+            train_config=CONFIG,
+            keep_groups_without_signal=True,
+            progress=False,
+            **options,  # type: ignore[arg-type]
+        )
+        await trainer.train()
+        after = await asyncio.wrap_future(engine_thread.submit(torch.get_num_threads))
+    return trainer, before, after
+
+
+async def test_by_default_the_pipeline_measures_both_modes_and_keeps_the_faster(
+    tmp_path: Path,
+) -> None:
+    trainer, _, _ = await _train_pipeline(tmp_path, steps=2 * PROBE_STEPS + 1)
+    modes = [r.metrics["train/pipeline_overlap"] for r in trainer.results]
+    periods = [r.metrics["train/pipeline_step_seconds"] for r in trainer.results]
+    # Lock-step first, then overlapped, each measured on its last probe step.
+    assert modes[: 2 * PROBE_STEPS] == [0.0] * PROBE_STEPS + [1.0] * PROBE_STEPS
+    expected, _ = choose_overlap(periods[PROBE_STEPS - 1], periods[2 * PROBE_STEPS - 1])
+    assert trainer.overlap_chosen is expected
+    assert modes[-1] == float(expected)
+    assert trainer.overlap_reason and f"{periods[PROBE_STEPS - 1]:.2f} s" in trainer.overlap_reason
+    # Each step's wait for its batch is recorded with it, for the history's readers.
+    folder = ModelFolder.of(tmp_path, "pipeline", "mode")
+    records = [r for r in folder.read_history() if r.get("split") == "train"]
+    assert len(records) == len(modes)
+    assert all(r["train/pipeline_batch_wait_seconds"] >= 0 for r in records)
+    assert [r["train/pipeline_overlap"] for r in records] == modes
+
+
+async def test_lock_step_after_overlap_gives_the_engine_its_threads_back(tmp_path: Path) -> None:
+    _, before, after = await _train_pipeline(tmp_path / "a", steps=2, overlap=True)
+    budget = cpu_budget()
+    assert before == budget
+    assert after == budget - budget // 2  # overlapped: the engine samples on its share
+    trainer, before, after = await _train_pipeline(tmp_path / "b", steps=2 * PROBE_STEPS + 1)
+    if trainer.overlap_chosen is False:  # the last step was lock-step, after overlapped ones
+        assert after == before
+    trainer, before, after = await _train_pipeline(tmp_path / "c", steps=2, overlap=False)
+    assert [r.metrics["train/pipeline_overlap"] for r in trainer.results] == [0.0, 0.0]
+    assert after == before
+
+
+async def test_one_core_makes_the_default_pipeline_lock_step_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from art_core.backends import local
+
+    monkeypatch.setattr(local, "cpu_budget", lambda: 1)
+    with caplog.at_level("WARNING", logger="art_core.pipeline.trainer"):
+        trainer, _, _ = await _train_pipeline(tmp_path / "auto", steps=2)
+    assert trainer.overlap_chosen is False
+    assert [r.metrics["train/pipeline_overlap"] for r in trainer.results] == [0.0, 0.0]
+    assert "two CPU cores" in caplog.text and "not possible" in caplog.text
+    with pytest.raises(ValueError, match="two CPU cores"):
+        await _train_pipeline(tmp_path / "forced", steps=1, overlap=True)

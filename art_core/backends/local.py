@@ -62,6 +62,8 @@ class _Registered:
     # The thread that trains while the engine keeps serving (``serve_while_training``),
     # with its own share of the CPU threads; None until first used.
     train_thread: ThreadPoolExecutor | None = None
+    # The model thread's CPU threads before they were split with ``train_thread``.
+    threads_before_split: int | None = None
     train_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The cancel event of the step running now (``cancel_training``); None between steps.
     cancel: threading.Event | None = None
@@ -417,6 +419,7 @@ class LocalBackend(BackendBase):
                 result = await self._run_step(entry, pool, step, cancel)
                 await self._serve_result(engine, result)
             else:
+                await self._end_serve_while_training(entry)
                 await self.server.call(engine.pause())
                 try:
                     result = await self._run_step(entry, entry.torch_thread, step, cancel)
@@ -522,9 +525,24 @@ class LocalBackend(BackendBase):
         # torch's CPU thread count is per calling thread (OpenMP): each side gets its share.
         pool.submit(use_cpu_threads, trainer_threads).result()
         if in_process:
+            entry.threads_before_split = entry.torch_thread.submit(use_cpu_threads).result()
             entry.torch_thread.submit(use_cpu_threads, budget - trainer_threads).result()
         entry.train_thread = pool
         return pool
+
+    @staticmethod
+    async def _end_serve_while_training(entry: _Registered) -> None:
+        """A lock-step step after steps trained while serving: the model's thread gets back
+        the CPU threads it had before the split (it samples and trains on all of them)."""
+        pool, threads = entry.train_thread, entry.threads_before_split
+        if pool is None:
+            return
+        from art_core.device import use_cpu_threads
+
+        entry.train_thread = entry.threads_before_split = None
+        pool.shutdown(wait=False)
+        if threads is not None:
+            await asyncio.wrap_future(entry.torch_thread.submit(use_cpu_threads, threads))
 
     async def train_sft(
         self,
@@ -589,6 +607,7 @@ class LocalBackend(BackendBase):
                     trainer.unload()
 
         async with entry.train_lock:
+            await self._end_serve_while_training(entry)
             await self.server.call(engine.pause())
             try:
                 result = await self._run_step(

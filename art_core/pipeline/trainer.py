@@ -16,6 +16,14 @@ Staleness is bounded and corrected, not hidden:
 - each step's history record says the policy age of what it trained (mean, max) and what
   was dropped (stale, no signal).
 
+Overlap is not free: on one machine the sampler and the trainer split its cores, and each
+runs slower on its share. Whether that pays depends on the machine (an AMX Xeon gained 1.66x
+to the same reward, a 2-core EPYC lost half its speed). So by default (``overlap=None``) the
+pipeline measures instead of assuming: it trains its first ``2 * PROBE_STEPS`` steps half
+lock-step (the engine paused, each side on every core in turn) and half overlapped, compares
+the steady period of a step in each (``choose_overlap``), says which it chose and why, and
+keeps to it. ``overlap=True`` / ``False`` fixes the mode.
+
 The pipeline's position (which scenarios are done) is saved after every step, so a restarted
 pipeline continues at its latest checkpoint and the next scenario.
 """
@@ -47,6 +55,37 @@ logger = logging.getLogger(__name__)
 RolloutFn = Callable[..., Awaitable[Trajectory | TrajectoryGroup]]
 EvalFn = Callable[..., Any]
 STATE_VERSION = 1
+# Steps trained in each mode before the choice; the last of each is measured (the first one
+# after a switch still carries the other mode's queue).
+PROBE_STEPS = 2
+# Overlap must beat lock-step by this share to be chosen: it also trains on staler groups.
+OVERLAP_MIN_GAIN = 0.05
+
+
+def choose_overlap(lock_step_s: float, overlapped_s: float) -> tuple[bool, str]:
+    """Whether to overlap sampling and training, from the measured period of one step in each
+    mode (seconds from the end of one trained step to the end of the next); and why.
+
+    Overlap pays when the step's period with sampling and training side by side, each on its
+    share of the device, is shorter than their sum in turn, each on all of it. Where the
+    trainer's share of a step is small, or splitting the cores slows the sampler more than
+    the overlap saves, it does not.
+
+    Example:
+        >>> choose_overlap(10.0, 7.0)[0], choose_overlap(10.0, 12.0)[0]
+        (True, False)
+    """
+    if not (lock_step_s > 0 and overlapped_s > 0):
+        raise ValueError(f"periods must be > 0, got {lock_step_s} and {overlapped_s}")
+    ratio = lock_step_s / overlapped_s
+    figures = f"a step takes {lock_step_s:.2f} s lock-step, {overlapped_s:.2f} s overlapped"
+    if overlapped_s < lock_step_s * (1 - OVERLAP_MIN_GAIN):
+        return True, f"overlap pays here ({figures}: {ratio:.2f}x): training while sampling"
+    return False, (
+        f"overlap cannot pay here ({figures}: {ratio:.2f}x; splitting the device slows each "
+        "side more than running them side by side saves): training lock-step "
+        "(PipelineTrainer(overlap=True) overlaps anyway)"
+    )
 
 
 def make_group_rollout_fn(single_rollout_fn: RolloutFn, n: int = 4) -> RolloutFn:
@@ -127,7 +166,11 @@ class PipelineTrainer:
     - ``eval_fn(model, step[, config])`` every ``eval_every_n_steps`` steps (and at the
       start with ``eval_at_start``): its trajectories or groups are logged as ``val``;
     - ``max_steps``: stop after this many steps (else when the scenarios run out);
-    - ``resume``: continue from the saved position (``pipeline_state.json``).
+    - ``resume``: continue from the saved position (``pipeline_state.json``);
+    - ``overlap``: ``None`` (default) measures both modes on the first steps and keeps the
+      faster (see the module's docstring); ``True`` trains while the engine serves on its
+      own share of the device; ``False`` trains lock-step (the engine paused during a step,
+      each side on the whole device in turn; workers still queue groups between steps).
 
     Example:
         >>> trainer = art.PipelineTrainer(model, rollout, scenarios, group_size=8,
@@ -162,6 +205,7 @@ class PipelineTrainer:
         resume: bool = True,
         state_path: str | Path | None = None,
         progress: bool = True,
+        overlap: bool | None = None,
     ) -> None:
         from art_core.backends.base import Backend
 
@@ -216,6 +260,12 @@ class PipelineTrainer:
         self.state = PipelineState()
         self.results: list[TrainResult] = []
         self._rollout_arity = _arity(rollout_fn)
+        self.overlap = overlap
+        # The mode chosen by measuring (overlap=None), and why; None until chosen.
+        self.overlap_chosen: bool | None = None
+        self.overlap_reason: str | None = None
+        # Measured step periods (seconds) by mode, while choosing.
+        self._periods: dict[bool, list[float]] = {False: [], True: []}
 
     @staticmethod
     def _train_config(
@@ -340,13 +390,45 @@ class PipelineTrainer:
         self.state.dropped_no_signal += dropped["no_signal"]
         return batch, dropped
 
+    # ------------------------------------------------------------------------------ overlap
+    def _overlap_now(self) -> bool:
+        """The mode of the next step: fixed, chosen, or the probe's turn (lock-step first)."""
+        if self.overlap is not None:
+            return self.overlap
+        if self.overlap_chosen is not None:
+            return self.overlap_chosen
+        return len(self._periods[False]) >= PROBE_STEPS
+
+    def _observe(self, overlapped: bool, period_s: float) -> None:
+        """Record a step's period while choosing; choose once both modes were measured."""
+        if self.overlap is not None or self.overlap_chosen is not None:
+            return
+        self._periods[overlapped].append(period_s)
+        if len(self._periods[True]) < PROBE_STEPS:
+            return
+        self._choose(*choose_overlap(self._periods[False][-1], self._periods[True][-1]))
+
+    def _choose(self, overlapped: bool, reason: str) -> None:
+        self.overlap_chosen, self.overlap_reason = overlapped, reason
+        (logger.info if overlapped else logger.warning)("PipelineTrainer: %s", reason)
+
+    def _check_overlap_possible(self) -> None:
+        """Refused overlap (sampling and training on one device) is an error when asked for,
+        and settles the choice on lock-step when choosing."""
+        prepare = getattr(self._backend(), "prepare_serve_while_training", None)
+        if prepare is None or self.overlap is False or self.overlap_chosen is not None:
+            return
+        try:
+            prepare(self.model)
+        except ValueError as exc:
+            if self.overlap:
+                raise
+            self._choose(False, f"overlap is not possible here ({exc})")
+
     async def train(self) -> list[TrainResult]:
         """Run the pipeline until ``max_steps`` steps trained or the scenarios ran out;
         returns the results of the steps trained by this call."""
-        backend = self._backend()
-        prepare = getattr(backend, "prepare_serve_while_training", None)
-        if prepare is not None:
-            prepare(self.model)  # refuses clearly where sampling and training share a device
+        self._check_overlap_possible()
         state_file = self._state_file()
         if self.resume and state_file.is_file():
             self.state = PipelineState.load(state_file)
@@ -374,13 +456,19 @@ class PipelineTrainer:
         bar = tqdm(total=self.max_steps, desc="pipeline", unit="step", disable=not self.progress)
         started = time.perf_counter()
         trained_here: list[TrainResult] = []
+        # A step's period runs from the end of the previous one (evaluations excluded).
+        period_start = started
         try:
             while self.max_steps is None or self.state.steps < self.max_steps:
                 current = await self.model.get_step()
                 batch, dropped = await self._next_batch(queue, current)
                 if not batch:
                     break
-                result = await self._train_batch(batch, current, dropped, queue, started)
+                overlapped = self._overlap_now()
+                result = await self._train_batch(
+                    batch, current, dropped, queue, started, overlapped, period_start
+                )
+                self._observe(overlapped, result.metrics["train/pipeline_step_seconds"])
                 trained_here.append(result)
                 self.results.append(result)
                 bar.update(1)
@@ -388,6 +476,7 @@ class PipelineTrainer:
                 if self.eval_fn is not None and self.eval_every_n_steps:
                     if self.state.steps % self.eval_every_n_steps == 0:
                         await self._evaluate(result.step)
+                period_start = time.perf_counter()
         finally:
             bar.close()
             for task in [*workers, closer]:
@@ -403,10 +492,15 @@ class PipelineTrainer:
         dropped: dict[str, int],
         queue: asyncio.Queue[_Sampled | None],
         started: float,
+        overlapped: bool,
+        period_start: float,
     ) -> TrainResult:
         ages = [current - item.oldest_step for item in batch]
         elapsed = max(time.perf_counter() - started, 1e-9)
         report = {
+            "pipeline_overlap": float(overlapped),
+            # Waiting for the batch: the sampling the step did not hide.
+            "pipeline_batch_wait_seconds": time.perf_counter() - period_start,
             "pipeline_policy_age_mean": sum(ages) / len(ages),
             "pipeline_policy_age_max": float(max(ages)),
             "pipeline_dropped_stale": float(dropped["stale"]),
@@ -420,8 +514,9 @@ class PipelineTrainer:
             group.metrics = {**group.metrics, **report}
             groups.append(group)
         result = await self._backend().train(
-            self.model, groups, self.train_config, serve_while_training=True
+            self.model, groups, self.train_config, serve_while_training=overlapped
         )
+        result.metrics["train/pipeline_step_seconds"] = time.perf_counter() - period_start
         for item in batch:
             self.state.mark_done(item.scenario_index)
         self.state.groups_trained += len(batch)
