@@ -16,6 +16,7 @@ Configurations:
   free (``art_core.device.follow_free_cores``, read from ``/proc/stat`` every 0.5 s).
 
 Run:  bash run.sh bench contention            (or: python benchmarks/contention.py --steps 3)
+      bash run.sh bench contention --smoke    (tiny-random, every configuration, ~1 min)
 """
 
 from __future__ import annotations
@@ -23,25 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+
+from _machine import cpu_model, machine_line
 
 QUESTIONS = [(12, "+", 7), (9, "*", 8), (25, "+", 4), (31, "*", 6)]
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -52,8 +43,8 @@ def _child(args: argparse.Namespace) -> None:
 
     import art_core as art
 
-    async def run() -> dict[str, object]:
-        backend = art.LocalBackend(path=tempfile.mkdtemp(prefix="art-contention-"))
+    async def run(folder: str) -> dict[str, object]:
+        backend = art.LocalBackend(path=folder)
         model = art.TrainableModel(name="m", project="contention", base_model=args.base_model)
         await model.register(backend)
 
@@ -109,7 +100,9 @@ def _child(args: argparse.Namespace) -> None:
             "policy_env": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
         }
 
-    print("RESULT " + json.dumps(asyncio.run(run())), flush=True)
+    with tempfile.TemporaryDirectory(prefix="art-contention-") as folder:
+        result = asyncio.run(run(folder))
+    print("RESULT " + json.dumps(result), flush=True)
 
 
 def main() -> None:
@@ -121,12 +114,20 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--policies", default="spin,passive,follow")
     parser.add_argument("--policy", help=argparse.SUPPRESS)  # set in the child process
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny-random, no warm-up, 1 step per phase, every configuration",
+    )
     args = parser.parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
+    if args.smoke:
+        args.base_model, args.steps, args.warmup = "tiny-random", 1, 0
     if args.policy:
         _child(args)
         return
     print(
-        f"CPU: {_cpu_model()}, {os.cpu_count()} cores; {args.base_model}; {args.steps} steps per phase"
+        f"CPU: {cpu_model()}, {os.cpu_count()} cores; {args.base_model}; {args.steps} steps per phase"
     )
     rows = []
     for policy in args.policies.split(","):

@@ -14,12 +14,12 @@ machine with at least ``ranks * threads`` free cores.
 
 Usage: bash run.sh bench distributed_training [--base-model smollm2-135m] [--ranks 2]
        [--threads 1] [--groups 4] [--rollouts 4] [--steps 2]
+       bash run.sh bench distributed_training --smoke   (tiny-random, every arm, ~1 min)
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import statistics
 import tempfile
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _machine import cpu_model, machine_line
 from transformers import AutoModelForCausalLM
 
 from art_core.device import autocast_dtype
@@ -35,16 +36,6 @@ from art_core.embedded import resolve_base_model
 from art_core.training import TrainConfig, Trainer
 from art_core.training.distributed import DistributedTrainer, TrainingWorld
 from art_core.trajectories import LLMCall, Trajectory, TrajectoryGroup
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def make_groups(base_path: Path, args: argparse.Namespace) -> list[TrajectoryGroup]:
@@ -99,7 +90,17 @@ def main() -> None:
     parser.add_argument("--completion-tokens", type=int, default=96)
     parser.add_argument("--steps", type=int, default=2, help="timed steps after one warm-up")
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny-random, 2 groups x 2 rollouts of 16 + 4..32 tokens, one timed step per arm "
+        "(2 ranks): every arm and the same table",
+    )
     args = parser.parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
+    if args.smoke:
+        args.base_model, args.ranks, args.steps = "tiny-random", 2, 1
+        args.groups, args.rollouts, args.prompt_tokens, args.completion_tokens = 2, 2, 16, 16
 
     torch.set_num_threads(args.threads)  # the in-process arm: one rank of --threads threads
     base_path = resolve_base_model(args.base_model)
@@ -111,7 +112,7 @@ def main() -> None:
         for t in g.trajectories
     )
     dtype = autocast_dtype(args.precision, torch.device("cpu")) or torch.float32
-    print(f"CPU: {cpu_name()}; precision {args.precision} -> {dtype}; model {args.base_model}")
+    print(f"CPU: {cpu_model()}; precision {args.precision} -> {dtype}; model {args.base_model}")
     print(
         f"{args.groups} groups x {args.rollouts} rollouts, {tokens} tokens per step "
         f"(prompts shared per group); {args.steps} timed steps after a warm-up"

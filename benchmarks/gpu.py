@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _machine import machine_line
 from gpu_models import build_model
 
 import art_core as art
@@ -359,6 +360,7 @@ def main() -> None:
         "--budget-s", type=float, default=300.0, help="skip the 7B part past this many seconds"
     )
     args = parser.parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --smoke for the CPU version")
     report = asyncio.run(run(args))

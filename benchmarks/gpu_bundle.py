@@ -12,6 +12,9 @@ the ones installed here (the checks ran against them), binary ones for CPython 3
 manylinux x86_64.
 
 Usage: python benchmarks/gpu_bundle.py [DIR] [--list]   (``bash run.sh gpu-bundle`` runs it)
+       python benchmarks/gpu_bundle.py --smoke   (resolves every pin, then downloads and checks
+                                                  a few small wheels, one pure and one binary,
+                                                  in a temporary folder: the same table)
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 import zipfile
 from importlib.metadata import PackageNotFoundError, distribution
@@ -79,6 +83,9 @@ TARGET_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "extra"
 TARGET_ENV |= {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"}
 TARGET_ENV |= {"implementation_name": "cpython", "platform_python_implementation": "CPython"}
 LIMIT_MIB = 60  # the lending tool carries 64 MiB, the checkout included
+# What --smoke downloads: the tests' pure-Python plugin and the first of these small binary
+# wheels that is pinned (the download's --platform / --python-version path), < 1 MiB in all.
+SMOKE_BINARY = ("jiter", "httptools", "rpds-py", "orjson")
 
 
 def normalize(name: str) -> str:
@@ -153,16 +160,38 @@ def check(folder: Path, pins: dict[str, str]) -> list[str]:
     return problems
 
 
+def smoke_pins(pins: dict[str, str]) -> dict[str, str]:
+    """The few small pins ``--smoke`` downloads (see ``SMOKE_BINARY``)."""
+    names = [n for n in TEST_NEEDS if n in pins]
+    names += [n for n in SMOKE_BINARY if n in pins][:1]
+    if not names:
+        raise SystemExit(f"none of {TEST_NEEDS + SMOKE_BINARY} is pinned: update SMOKE_BINARY")
+    return {name: pins[name] for name in sorted(names)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", nargs="?", default=str(ROOT / ".whl"), type=Path)
+    parser.add_argument("folder", nargs="?", default=None, type=Path, help="default: .whl/")
     parser.add_argument("--list", action="store_true", help="print the pins, download nothing")
+    parser.add_argument(
+        "--smoke", action="store_true", help="resolve all, download a few small wheels (temp)"
+    )
     args = parser.parse_args()
     pins = needed()
     if args.list:
         print("\n".join(f"{name}=={version}" for name, version in pins.items()))
         return
-    folder: Path = args.folder
+    if args.smoke:
+        chosen = smoke_pins(pins)
+        print(f"{len(pins)} pins resolved; --smoke downloads {len(chosen)}: {', '.join(chosen)}")
+        with tempfile.TemporaryDirectory(prefix="art-gpu-bundle-") as tmp:
+            bundle(args.folder or Path(tmp) / "whl", chosen)
+        return
+    bundle(args.folder or ROOT / ".whl", pins)
+
+
+def bundle(folder: Path, pins: dict[str, str]) -> None:
+    """Download ``pins`` into a fresh ``folder``, print its wheels, refuse a bad bundle."""
     # A fresh folder: a wheel of another version left from an earlier bundle would make two.
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)

@@ -4,11 +4,15 @@ art_core is not pip-installed on the GPU machine (its torch and transformers com
 image, the rest from the wheel bundle): this report says which of its requirements the
 installed versions meet, so a pin that would refuse them shows here, not as an install error.
 
-Usage: python benchmarks/gpu_env.py   (prints; exits 1 when torch cannot be imported)
+Usage: python benchmarks/gpu_env.py [--smoke]   (prints; exits 1 when torch cannot be imported)
+
+The report takes about a second anywhere, so ``--smoke`` (every benchmark has one) runs the
+same report, in full.
 """
 
 from __future__ import annotations
 
+import argparse
 import platform
 import sys
 import tomllib
@@ -79,6 +83,9 @@ def unmet_below() -> list[str]:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="the same report (it is quick)")
+    parser.parse_args()
     print(f"python {platform.python_version()} ({sys.executable})")
     for name in SHOWN:
         print(f"{name:<18}{installed(name) or 'not installed'}")

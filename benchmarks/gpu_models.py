@@ -14,12 +14,18 @@ throughput benchmark wants.
 
 Usage: python benchmarks/gpu_models.py   (prints each model's parameter count, built on the
 meta device: no memory used)
+       python benchmarks/gpu_models.py --smoke   (the same, then builds each model at tiny size
+                                                 in a temporary folder, loads it back and
+                                                 runs one forward pass: build_model's path)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +148,40 @@ def build_model(
     return folder
 
 
+def smoke_build(name: str, work: Path) -> str:
+    """Build ``name`` at tiny size under ``work``, load it back, one forward pass: a line."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.perf_counter()
+    folder = build_model(name, work / "models" / f"{name}-tiny", tiny=True, art_path=work)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        logits = model(ids).logits
+    assert logits.shape[-1] == MODELS[name]["vocab_size"], logits.shape
+    return (
+        f"{name} (tiny): built, loaded, forward of {ids.shape[1]} tokens -> "
+        f"{logits.shape[-1]} logits in {time.perf_counter() - started:.1f} s"
+    )
+
+
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="also build, load and run each model at tiny size"
+    )
+    args = parser.parse_args()
     for model_name in MODELS:
         real, small = parameter_count(model_name), parameter_count(model_name, tiny=True)
         print(f"{model_name}: {real / 1e9:.3f} B parameters ({small / 1e6:.1f} M when tiny)")
+    if args.smoke:
+        with tempfile.TemporaryDirectory(prefix="art-gpu-models-") as tmp:
+            for model_name in MODELS:
+                print(smoke_build(model_name, Path(tmp)))

@@ -13,7 +13,13 @@ class and the totals:
            error body, server memory grown by more than 200 MB over the run
   innocent well-formed requests sent beside the hostile ones that failed
 
-Usage: python benchmarks/hostile_gateway.py [--timeout 60]
+``--smoke`` runs every class at a smaller count (2 huge prompts, 40 unreleased rollouts, 110
+idle connections, 2 innocent requests per class): the same rows, in a fraction of the time.
+
+The server runs in its own process group and gets SIGTERM if this script dies; it is stopped
+(SIGKILL after 30 s) whatever happens.
+
+Usage: python benchmarks/hostile_gateway.py [--timeout 60] [--smoke]
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ import json
 import os
 import re
 import resource
-import signal
 import socket
 import sqlite3
 import subprocess
@@ -37,12 +42,29 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _children import spawn, stop
+from _machine import machine_line
 
 MODEL = "hostile"
 GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 # An absolute path of this machine in an error body (the art folder, the venv, site-packages).
 SERVER_PATH = re.compile(r"(/tmp/|/home/|/work/|/usr/|/root/|site-packages|\.py\b)")
 STALL_S = 0.2
+
+
+@dataclass
+class Sizes:
+    """How many of each: the full run's, or ``SMOKE``'s."""
+
+    huge_prompts: int = 4
+    unreleased_rollouts: int = 400
+    idle_connections: int = 1100
+    idle_wait_s: float = 3.0
+    innocents: int = 4
+
+
+SIZES = Sizes()
+SMOKE = Sizes(2, unreleased_rollouts=40, idle_connections=110, idle_wait_s=1.0, innocents=2)
 
 
 @dataclass
@@ -100,7 +122,7 @@ def _spawn_server(folder: Path, port: int) -> subprocess.Popen[bytes]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
 
     with open(folder / "serve.log", "wb") as log:
-        return subprocess.Popen(
+        return spawn(
             [
                 sys.executable,
                 "-m",
@@ -111,33 +133,37 @@ def _spawn_server(folder: Path, port: int) -> subprocess.Popen[bytes]:
                 str(folder),
             ],
             stdout=log,
-            stderr=subprocess.STDOUT,
             env=env,
-            start_new_session=True,
-            preexec_fn=common_fd_limit,
+            before_exec=common_fd_limit,
         )
 
 
 async def start_server(folder: Path) -> Target:
     port = free_port()
-    process = await asyncio.to_thread(_spawn_server, folder, port)
+    # Spawned from the main thread, which lives as long as the server must (see _children).
+    process = _spawn_server(folder, port)
     url = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient(timeout=5) as http:
-        for _ in range(600):
-            if process.poll() is not None:
-                raise RuntimeError(f"art-core serve exited:\n{(folder / 'serve.log').read_text()}")
-            try:
-                if (await http.get(f"{url}/health")).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.1)
-        register = await http.post(
-            f"{url}/api/models/register",
-            json={"name": MODEL, "project": "hostile", "base_model": "tiny-random"},
-            timeout=300,
-        )
-        register.raise_for_status()
+    try:
+        async with httpx.AsyncClient(timeout=5) as http:
+            for _ in range(600):
+                if process.poll() is not None:
+                    log = (folder / "serve.log").read_text()
+                    raise RuntimeError(f"art-core serve exited:\n{log}")
+                try:
+                    if (await http.get(f"{url}/health")).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.1)
+            register = await http.post(
+                f"{url}/api/models/register",
+                json={"name": MODEL, "project": "hostile", "base_model": "tiny-random"},
+                timeout=300,
+            )
+            register.raise_for_status()
+    except BaseException:
+        stop(process)
+        raise
     return Target(url, process, folder)
 
 
@@ -221,7 +247,7 @@ async def run_class(
     name: str,
     hostile: Callable[[httpx.AsyncClient, str, Tally], Awaitable[None]],
     request_timeout: float,
-    innocents: int = 4,
+    innocents: int,
 ) -> Tally:
     """Run one class: the hostile requests, with well-formed ones beside them."""
     tally = Tally(name)
@@ -281,7 +307,7 @@ async def large_schema(http: httpx.AsyncClient, url: str, tally: Tally) -> None:
 
 async def huge_prompts(http: httpx.AsyncClient, url: str, tally: Tally) -> None:
     body = {**GOOD, "messages": [{"role": "user", "content": "word " * 1_000_000}]}  # 5 MB
-    await asyncio.gather(*(post(http, url, body, tally) for _ in range(4)))
+    await asyncio.gather(*(post(http, url, body, tally) for _ in range(SIZES.huge_prompts)))
 
 
 async def non_ascii_digits(http: httpx.AsyncClient, url: str, tally: Tally) -> None:
@@ -377,8 +403,9 @@ async def unreleased_rollouts(http: httpx.AsyncClient, url: str, tally: Tally) -
     async def one(i: int) -> None:
         await post(http, f"{root}/rollouts/leak-{i}/v1/chat/completions", body, tally)
 
-    for start in range(0, 400, 20):
-        await asyncio.gather(*(one(i) for i in range(start, start + 20)))
+    total = SIZES.unreleased_rollouts
+    for start in range(0, total, 20):
+        await asyncio.gather(*(one(i) for i in range(start, min(start + 20, total))))
 
 
 async def unbounded_training(http: httpx.AsyncClient, url: str, tally: Tally) -> None:
@@ -409,9 +436,10 @@ async def idle_connections(http: httpx.AsyncClient, url: str, tally: Tally) -> N
     descriptors), while the innocent requests beside them must be served."""
     host, _, port = url.removeprefix("http://").partition("/")[0].partition(":")
     writers = []
-    for _batch in range(11):  # 100 at a time
+    total = SIZES.idle_connections
+    for start in range(0, total, 100):  # 100 at a time
         opened = await asyncio.gather(
-            *(asyncio.open_connection(host, int(port)) for _ in range(100)),
+            *(asyncio.open_connection(host, int(port)) for _ in range(min(100, total - start))),
             return_exceptions=True,
         )
         for item in opened:
@@ -419,7 +447,7 @@ async def idle_connections(http: httpx.AsyncClient, url: str, tally: Tally) -> N
             if isinstance(item, tuple):
                 item[1].write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
                 writers.append(item[1])
-    await asyncio.sleep(3)  # the innocents run now, among the idle sockets
+    await asyncio.sleep(SIZES.idle_wait_s)  # the innocents run now, among the idle sockets
     for writer in writers:
         writer.close()
 
@@ -432,19 +460,22 @@ async def main(request_timeout: float) -> None:
         classes: list[tuple[str, Callable[[httpx.AsyncClient, str, Tally], Awaitable[None]]]] = [
             ("engine-failing value (seed >= 2^64)", engine_failing_value),
             ("200 KB allOf schema", large_schema),
-            ("4 x 5 MB prompts", huge_prompts),
+            (f"{SIZES.huge_prompts} x 5 MB prompts", huge_prompts),
             ("non-ASCII digits in model@step", non_ascii_digits),
             ("deep nesting (body, header)", deep_nesting),
             ("lone surrogates", lone_surrogates),
             ("keep-alive after errors", keep_alive_after_errors),
             ("n=16, 60 KB / 1 MB metadata", storage_amplification(target)),
-            ("400 unreleased rollouts", unreleased_rollouts),
+            (f"{SIZES.unreleased_rollouts} unreleased rollouts", unreleased_rollouts),
             ("training settings beyond bounds", unbounded_training),
-            ("1100 idle connections (ulimit 1024)", idle_connections),
+            (f"{SIZES.idle_connections} idle connections (ulimit 1024)", idle_connections),
         ]
         tallies = []
         for name, hostile in classes:
-            tally = await run_class(target, name, hostile, request_timeout)
+            started = time.perf_counter()
+            tally = await run_class(target, name, hostile, request_timeout, SIZES.innocents)
+            took = time.perf_counter() - started
+            print(f"  {name}: {took:.1f} s", file=sys.stderr, flush=True)
             tallies.append(tally)
             if target.process.poll() is not None:
                 tally.notes.append("the server died")
@@ -455,11 +486,7 @@ async def main(request_timeout: float) -> None:
             tallies[-1].leaks += 1
             tallies[-1].notes.append(f"server memory grew {grown:.0f} MB")
     finally:
-        target.process.send_signal(signal.SIGTERM)
-        try:
-            target.process.wait(30)
-        except subprocess.TimeoutExpired:
-            target.process.kill()
+        stop(target.process, grace_s=30)
 
     print(f"\nhostile corpus against art-core serve (tiny-random), {folder}")
     print(f"server memory {rss_start:.0f} MB -> {rss_end:.0f} MB")
@@ -485,5 +512,11 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    parser.add_argument(
+        "--smoke", action="store_true", help="every class, smaller counts: the same rows, faster"
+    )
     args = parser.parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
+    if args.smoke:
+        SIZES = SMOKE
     asyncio.run(main(args.timeout))

@@ -7,8 +7,13 @@ chat completions that carry the rollout's unique marker (in the prompt and in th
 another rollout's marker or rollout id counts as cross-talk. Prints latency percentiles
 (per call and per rollout), errors and cross-talk as a markdown table.
 
-Usage: bash run.sh bench load [--rollouts 256] [--turns 2] [--max-tokens 8]
+``--fail N`` makes N of the rollouts (on top of ``--rollouts``) ask for a model the server
+does not serve: each must end as an error of its own, with no cross-talk into the others
+(those errors are expected; any other error, or cross-talk, exits with status 1).
+
+Usage: bash run.sh bench load [--rollouts 256] [--turns 2] [--max-tokens 8] [--fail 0]
            [--base-model tiny-random] [--url http://host:7999 --token T]
+       bash run.sh bench load --smoke   (a started server, 4 rollouts and 1 failing one)
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+
+from _children import spawn, stop
+from _machine import machine_line
 
 import art_core as art
 
@@ -44,13 +52,15 @@ class Outcome:
     rollout_ms: float = 0.0
     error: str | None = None
     cross_talk: int = 0
+    failing: bool = False  # asked for a model the server lacks, on purpose (--fail)
 
 
 def start_server(max_pending: int, token: str) -> tuple[subprocess.Popen[str], str]:
-    """``art-core serve`` on a free loopback port, in a temporary art folder."""
+    """``art-core serve`` on a free loopback port, in a temporary art folder (its process
+    group stopped with the benchmark, see ``_children``)."""
     path = tempfile.mkdtemp(prefix="art-load-")
     env = {**os.environ, "ART_CORE_TOKEN": token}
-    process = subprocess.Popen(
+    process = spawn(
         [
             sys.executable,
             "-m",
@@ -63,16 +73,17 @@ def start_server(max_pending: int, token: str) -> tuple[subprocess.Popen[str], s
             str(max_pending),
         ],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
         text=True,
         env=env,
     )
     found: list[str] = []
+    tail: list[str] = []
     ready = threading.Event()
 
     def read() -> None:
         assert process.stdout is not None
         for line in process.stdout:
+            tail[:] = [*tail[-19:], line.rstrip()]
             match = LISTENING.search(line)
             if match:
                 found.append(match.group(1))
@@ -81,13 +92,15 @@ def start_server(max_pending: int, token: str) -> tuple[subprocess.Popen[str], s
 
     threading.Thread(target=read, daemon=True).start()
     if not ready.wait(180) or not found:
-        process.kill()
-        raise RuntimeError("the server did not start")
+        stop(process, grace_s=5)
+        raise RuntimeError("the server did not start:\n" + "\n".join(tail))
     return process, found[0]
 
 
-async def one_rollout(model: art.TrainableModel, turns: int, max_tokens: int) -> Outcome:
-    outcome = Outcome(marker=f"m-{uuid.uuid4().hex[:12]}")
+async def one_rollout(
+    model: art.TrainableModel, turns: int, max_tokens: int, failing: bool = False
+) -> Outcome:
+    outcome = Outcome(marker=f"m-{uuid.uuid4().hex[:12]}", failing=failing)
     started = time.perf_counter()
     try:
         async with art.capture(model, metadata={"marker": outcome.marker}) as run:
@@ -98,7 +111,7 @@ async def one_rollout(model: art.TrainableModel, turns: int, max_tokens: int) ->
             for turn in range(turns):
                 call_start = time.perf_counter()
                 response = await client.chat.completions.create(
-                    model=run.model_name,
+                    model=run.model_name + ("-not-served" if failing else ""),
                     messages=messages,  # type: ignore[arg-type]
                     max_tokens=max_tokens,
                     extra_body={"metadata": {"marker": outcome.marker, "turn": turn}},
@@ -139,30 +152,34 @@ async def run(args: argparse.Namespace) -> int:
         await model.register(backend)
         await one_rollout(model, 1, args.max_tokens)  # warm-up
         started = time.perf_counter()
+        failing = [False] * args.rollouts + [True] * args.fail
         outcomes = await asyncio.gather(
-            *(one_rollout(model, args.turns, args.max_tokens) for _ in range(args.rollouts))
+            *(one_rollout(model, args.turns, args.max_tokens, f) for f in failing)
         )
         wall = time.perf_counter() - started
         await backend.close()
     finally:
         if process is not None:
-            process.terminate()
-            process.wait(60)
+            stop(process, grace_s=60)
 
     calls = [ms for o in outcomes for ms in o.call_ms]
     rollouts = [o.rollout_ms for o in outcomes if o.error is None]
     errors = [o.error for o in outcomes if o.error]
+    # Unexpected: an error of a well-formed rollout, or a failing one that did not fail.
+    unexpected = sum((o.error is not None) != o.failing for o in outcomes)
     cross_talk = sum(o.cross_talk for o in outcomes)
+    failing_note = f" (+ {args.fail} failing on purpose)" if args.fail else ""
     print(
-        f"\nload: {args.rollouts} concurrent rollouts x {args.turns} calls, {args.base_model}, "
-        f"max_tokens={args.max_tokens}, through {url}\n"
+        f"\nload: {args.rollouts} concurrent rollouts{failing_note} x {args.turns} calls, "
+        f"{args.base_model}, max_tokens={args.max_tokens}, through {url}\n"
     )
     print("| metric | value |")
     print("|---|---|")
+    expected = f" ({args.fail} expected, {unexpected} unexpected)" if args.fail else ""
     rows = [
-        ("rollouts (concurrent)", f"{args.rollouts}"),
+        ("rollouts (concurrent)", f"{args.rollouts + args.fail}"),
         ("calls completed", f"{len(calls)} / {args.rollouts * args.turns}"),
-        ("errors", f"{len(errors)}"),
+        ("errors", f"{len(errors)}{expected}"),
         ("cross-talk (calls in the wrong rollout)", f"{cross_talk}"),
         (
             "call latency p50 / p99",
@@ -179,7 +196,7 @@ async def run(args: argparse.Namespace) -> int:
         print(f"| {name} | {value} |")
     for error in sorted(set(errors))[:5]:
         print(f"error: {error}")
-    return 1 if errors or cross_talk else 0
+    return 1 if unexpected or cross_talk else 0
 
 
 def main() -> int:
@@ -193,7 +210,18 @@ def main() -> int:
     parser.add_argument("--max-pending", type=int, default=512, help="for the started server")
     parser.add_argument("--url", default=None, help="use this running server instead")
     parser.add_argument("--token", default=os.environ.get("ART_CORE_TOKEN"))
-    return asyncio.run(run(parser.parse_args()))
+    parser.add_argument(
+        "--fail", type=int, default=0, help="extra rollouts asking for a model not served"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a started server, 4 rollouts + 1 failing one"
+    )
+    args = parser.parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
+    if args.smoke:
+        args.rollouts, args.turns, args.max_tokens, args.fail = 4, 2, 4, 1
+        args.base_model, args.url = "tiny-random", None
+    return asyncio.run(run(args))
 
 
 if __name__ == "__main__":

@@ -6,21 +6,24 @@ SmolLM2-135M-Instruct, the same prompts, group size, LoRA shape and learning rat
 
 - **lock-step**: gather ``groups_per_step`` groups, then ``model.train`` (the engine pauses
   while the trainer runs on every core), repeat;
-- **pipelined**: ``art.PipelineTrainer`` (rollouts keep sampling on the adapter served while
-  the trainer trains on its share of the cores; groups more than ``--max-steps-off-policy``
-  steps old are dropped; truncated importance sampling on).
+- **pipelined**: ``art.PipelineTrainer(overlap=True)`` (rollouts keep sampling on the
+  adapter served while the trainer trains on its share of the cores; groups more than
+  ``--max-steps-off-policy`` steps old are dropped; truncated importance sampling on);
+- **pipeline default**: ``art.PipelineTrainer()`` as a user gets it (``overlap=None``): it
+  measures a lock-step and an overlapped step on its first steps and keeps the faster; the
+  table says what it chose and why.
 
 Both are measured the same way, from the rollouts themselves: every finished rollout's reward
 and time is recorded; the *train reward* is the mean over the last ``--window`` finished
 rollouts. The table gives rollouts/s, the wall time until the train reward first reached
 ``--target``, and the ratio lock-step / pipelined (> 1: the pipeline is faster).
 
-On one GPU the two share the device: there, lock-step is the right default and the pipeline
-refuses to start (``serve_while_training`` needs other cores or another device).
+On one GPU the two share the device: there the default pipeline trains lock-step, and
+``overlap=True`` refuses to start (``serve_while_training`` needs other cores or a device).
 
 Run (on a quiet machine: a second heavy process distorts every figure):
     bash run.sh bench pipeline                      # smollm2-135m, 600 s budget per mode
-    python benchmarks/pipeline.py --model tiny-random --max-seconds 60   # a smoke run
+    bash run.sh bench pipeline --smoke              # tiny-random, every path, ~30 s
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from _machine import machine_line
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -57,10 +62,12 @@ def digit_fraction(text: str) -> float:
     return sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
 
 
-def scenarios() -> Iterator[dict[str, Any]]:
-    """Endless: the questions in turn, each scenario with its own seed."""
+def scenarios(flat: int = 0) -> Iterator[dict[str, Any]]:
+    """Endless: the questions in turn, each scenario with its own seed. The first ``flat``
+    (``--smoke``) score 0 whatever the answer: groups without a signal, which lock-step
+    trains nothing on and the pipeline drops."""
     for index in itertools.count():
-        yield {"index": index, "prompt": prompt_text(index)}
+        yield {"index": index, "prompt": prompt_text(index), "flat": index < flat}
 
 
 @dataclass
@@ -74,6 +81,7 @@ class Run:
     steps: int = 0
     dropped: int = 0
     wall: float = 0.0
+    choice: str = ""  # what the default pipeline chose, and why
 
     def record(self, reward: float, tokens: int) -> None:
         self.finished.append((time.perf_counter() - self.started, reward))
@@ -121,7 +129,8 @@ def make_rollout(args: argparse.Namespace, run: Run) -> Any:
                 temperature=1.0,
                 seed=next(seeds),
             )
-        reward = digit_fraction(response.choices[0].message.content or "")
+        answer = response.choices[0].message.content or ""
+        reward = 0.0 if scenario["flat"] else digit_fraction(answer)
         run.record(reward, response.usage.completion_tokens if response.usage else 0)
         return captured.trajectory(reward=reward)
 
@@ -141,9 +150,13 @@ async def lock_step(args: argparse.Namespace, workdir: Path) -> Run:
         await model.register(backend)
         rollout = make_rollout(args, run)
         config = train_config(args)
-        source = scenarios()
+        source = scenarios(args.flat_scenarios)
         run.started = time.perf_counter()
-        while time.perf_counter() - run.started < args.max_seconds and not reached(run, args):
+        while (
+            time.perf_counter() - run.started < args.max_seconds
+            and not reached(run, args)
+            and (args.max_steps is None or run.steps < args.max_steps)
+        ):
             batch = [next(source) for _ in range(args.groups_per_step)]
             groups = await art.gather_trajectory_groups(
                 (
@@ -154,28 +167,41 @@ async def lock_step(args: argparse.Namespace, workdir: Path) -> Run:
             )
             result = await model.train(groups, config=config)
             run.steps += 0 if result.nothing_trained else 1
-            print(f"  lock-step step {run.steps}: train reward {run.train_reward(args.window):.3f}")
+            print(
+                f"  lock-step step {run.steps}: train reward {run.train_reward(args.window):.3f}"
+                + (
+                    f" (trained nothing: {result.nothing_trained})"
+                    if result.nothing_trained
+                    else ""
+                )
+            )
         run.wall = time.perf_counter() - run.started
     return run
 
 
-async def pipelined(args: argparse.Namespace, workdir: Path) -> Run:
+async def pipelined(args: argparse.Namespace, workdir: Path, overlap: bool | None) -> Run:
+    """``PipelineTrainer`` overlapping sampling and training (``overlap=True``), or choosing
+    from what it measures on its first steps (``overlap=None``, the default)."""
     import art_core as art
+    from art_core.pipeline.trainer import PROBE_STEPS
 
-    run = Run("pipelined")
-    async with art.LocalBackend(path=workdir / "pipelined") as backend:
+    name = "pipelined" if overlap else "pipeline default"
+    run = Run(name)
+    async with art.LocalBackend(path=workdir / name.replace(" ", "-")) as backend:
         model = art.TrainableModel(name="bench", project="pipeline", base_model=args.model)
         await model.register(backend)
         trainer = art.PipelineTrainer(
             model,
             make_rollout(args, run),
-            scenarios(),
+            scenarios(args.flat_scenarios),
             group_size=args.group_size,
             groups_per_step=args.groups_per_step,
             max_steps_off_policy=args.max_steps_off_policy,
+            max_steps=args.max_steps,
             train_config=train_config(args),
             progress=False,
             resume=False,
+            overlap=overlap,
         )
         run.started = time.perf_counter()
         task = asyncio.ensure_future(trainer.train())
@@ -188,7 +214,14 @@ async def pipelined(args: argparse.Namespace, workdir: Path) -> Run:
         run.wall = time.perf_counter() - run.started
         run.steps = trainer.state.steps
         run.dropped = trainer.state.dropped_stale
-        print(f"  pipelined: {run.steps} steps, train reward {run.train_reward(args.window):.3f}")
+        print(
+            f"  {name}: {run.steps} steps, train reward {run.train_reward(args.window):.3f}, "
+            f"{trainer.state.dropped_no_signal} groups without signal dropped"
+        )
+        if overlap is None:
+            run.choice = trainer.overlap_reason or (
+                f"still measuring after {run.steps} steps (it chooses after {2 * PROBE_STEPS})"
+            )
     return run
 
 
@@ -206,7 +239,9 @@ def table(runs: list[Run], args: argparse.Namespace) -> str:
             f"{run.train_reward(args.window):.3f} | "
             f"{'not reached' if to is None else f'{to:.0f}'} | {run.dropped} |"
         )
-    lock, pipe = runs
+    lock, pipe, default = runs
+    rows.append("")
+    rows.append(f"pipeline default (overlap=None): {default.choice}")
     rate = (len(pipe.finished) / pipe.wall) / max(len(lock.finished) / lock.wall, 1e-9)
     rows.append("")
     rows.append(f"rollouts/s pipelined / lock-step: {rate:.2f}x")
@@ -224,9 +259,16 @@ def table(runs: list[Run], args: argparse.Namespace) -> str:
 async def main_async(args: argparse.Namespace) -> None:
     from art_core.cpu import cpu_budget
 
-    print(f"model {args.model}, {cpu_budget()} CPU cores, budget {args.max_seconds:.0f} s per mode")
+    print(
+        f"model {args.model}, {cpu_budget()} CPU cores, budget {args.max_seconds:.0f} s per mode"
+        + ("" if args.max_steps is None else f" or {args.max_steps} trained steps")
+    )
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
-        runs = [await lock_step(args, Path(tmp)), await pipelined(args, Path(tmp))]
+        runs = [
+            await lock_step(args, Path(tmp)),
+            await pipelined(args, Path(tmp), overlap=True),
+            await pipelined(args, Path(tmp), overlap=None),
+        ]
     print()
     print(table(runs, args))
 
@@ -246,7 +288,27 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
-    asyncio.run(main_async(parser.parse_args()))
+    parser.add_argument(
+        "--max-steps", type=int, default=None, help="also stop a mode after this many trained steps"
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny-random, steps of 2 groups x 2 rollouts of 8 tokens, the first step's groups "
+        "without signal, target 0 over 12 rollouts (both modes stop on it), 5 steps or 30 s "
+        "at most: every path and the same table",
+    )
+    args = parser.parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
+    args.flat_scenarios = 0
+    if args.smoke:
+        args.model, args.group_size, args.groups_per_step, args.max_tokens = "tiny-random", 2, 2, 8
+        args.flat_scenarios = args.groups_per_step
+        args.target, args.window = 0.0, 3 * args.group_size * args.groups_per_step
+        # 5 steps: past the default pipeline's choice (after 2 * PROBE_STEPS) when the target
+        # does not stop it first.
+        args.max_steps, args.max_seconds = 5, 30.0
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":

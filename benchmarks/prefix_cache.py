@@ -9,7 +9,7 @@ Per engine: prompt tokens computed vs the unique tokens of the group's prompts, 
 the first token of each turn (the slowest run's), and the group's wall time.
 
 Usage: bash run.sh bench prefix_cache [--prefix-tokens 3000 6000] [--runs 16] [--turns 4]
-       bash run.sh bench prefix_cache --smoke     (tiny-random, every path, ~1 minute)
+       bash run.sh bench prefix_cache --smoke     (tiny-random, every path, ~30 s)
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _machine import machine_line
 
 import art_core as art
 
@@ -290,6 +291,7 @@ if __name__ == "__main__":
         "--smoke", action="store_true", help="tiny-random, a small group, no vLLM: every path"
     )
     args = parser.parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
     if args.smoke:
         args.base_model, args.prefix_tokens = "tiny-random", [600]
         args.runs, args.turns, args.max_tokens, args.vllm = 4, 2, 8, False

@@ -17,6 +17,8 @@ difference is the number of replicas.
 
 Usage: bash run.sh bench replicas [--base-model smollm2-135m] [--rollouts 32 64 128]
                                   [--max-tokens 32]
+       bash run.sh bench replicas --smoke   (tiny-random, bursts of 2 and 4, 4-token answers,
+                                             5 routing-cost calls: both topologies, every row)
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _machine import cpu_model, machine_line
 
 import art_core as art
 from art_core.engines.base import GenerationRequest, SamplingParams
@@ -48,17 +52,6 @@ QUESTIONS = [
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                return value.strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 async def rollout(model: art.TrainableModel, i: int, max_tokens: int) -> tuple[float, int]:
@@ -162,7 +155,13 @@ async def main() -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--calls", type=int, default=50, help="calls for the routing cost")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny-random, tiny bursts: every path in seconds"
+    )
     args = parser.parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
+    if args.smoke:
+        args.base_model, args.rollouts, args.max_tokens, args.calls = "tiny-random", [2, 4], 4, 5
     from art_core.device import serving_dtype
 
     print(

@@ -8,6 +8,8 @@ its own (one request per run, as a pointwise judge would), and adds a group of 1
 which only 8 are distinct (identical runs are judged once).
 
 Run:  .venv/bin/python benchmarks/ruler.py [--tokenizer smollm2-135m|tiny-random|words]
+      .venv/bin/python benchmarks/ruler.py --smoke   (tiny-random's tokenizer, groups of 2
+                                                      and 4, and 4 runs of which 2 distinct)
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from _machine import machine_line
 
 from art_core.rewards import RulerOptions, judge_runs, ruler_score_group
 from art_core.testing.judge import StandInJudge, count_words
@@ -172,7 +176,7 @@ def print_table(rows: list[Row], tokenizer: str) -> None:
         )
 
 
-async def main(tokenizer: str) -> None:
+async def main(tokenizer: str, sizes: tuple[int, ...]) -> None:
     count = make_tokenizer(tokenizer)
     with StandInJudge(count_tokens=count) as judge:
         # warm-up: the first request pays for importing the openai client
@@ -180,8 +184,11 @@ async def main(tokenizer: str) -> None:
             [synthetic_run(0)], "stand-in", RulerOptions(judge_base_url=judge.base_url, cache=False)
         )
         judge.reset()
-        rows = [await measure(judge, f"{n} runs", list(range(n))) for n in (4, 8, 16)]
-        rows.append(await measure(judge, "16 runs, 8 dup.", [i % 8 for i in range(16)]))
+        rows = [await measure(judge, f"{n} runs", list(range(n))) for n in sizes]
+        n = max(sizes)  # the largest group again, half of its runs duplicates
+        rows.append(
+            await measure(judge, f"{n} runs, {n // 2} dup.", [i % (n // 2) for i in range(n)])
+        )
         sent = len(judge.requests)
     print_table(rows, tokenizer)
     print(f"(the stand-in judge received {sent} requests in all)")
@@ -193,4 +200,11 @@ if __name__ == "__main__":
     parser.add_argument(
         "--tokenizer", choices=["smollm2-135m", "tiny-random", "words"], default=default
     )
-    asyncio.run(main(parser.parse_args().tokenizer))
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny-random's tokenizer, groups of 2 and 4"
+    )
+    args = parser.parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
+    if args.smoke:
+        args.tokenizer = "tiny-random"
+    asyncio.run(main(args.tokenizer, (2, 4) if args.smoke else (4, 8, 16)))

@@ -13,6 +13,8 @@ Prints, from one run, with the CPU, the device and the dtype the engine chose:
   3. 8 concurrent requests vs the same 8 sequentially (goal: >= 3x throughput).
 
 Usage: bash run.sh bench serving [--base-model smollm2-135m] [--calls 100] [--max-tokens 64]
+       bash run.sh bench serving --smoke   (tiny-random, 8 calls, 2 concurrent requests of 8
+                                            tokens: every section of the table in seconds)
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import argparse
 import asyncio
 import cProfile
 import json
-import platform
 import pstats
 import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+from _machine import cpu_model, machine_line
 
 import art_core as art
 from art_core.engines.base import GenerationRequest, SamplingParams
@@ -37,23 +40,6 @@ from art_core.gateway.timing import StageLog
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def cpu_model() -> str:
-    """The CPU's model name and the matrix extensions that decide the dtype."""
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-                break
-    except OSError:
-        pass
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-    return f"{name} ({', '.join(f for f in wanted if f in flags) or 'no AVX2'})"
 
 
 class RawHTTP:
@@ -240,5 +226,11 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny-random, a few calls: every section in seconds"
+    )
     args = parser.parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
+    if args.smoke:
+        args.base_model, args.calls, args.max_tokens, args.concurrency = "tiny-random", 8, 8, 2
     asyncio.run(main(args.base_model, args.calls, args.max_tokens, args.concurrency))

@@ -27,8 +27,10 @@ with a signal / all-equal, scenarios never solved, minutes. Goal: validation rew
 Run (reasoning-gym is in the ``bench`` extra):
     pip install -e ".[bench]" "torch==2.13.0"; bash examples/mcp/setup_calculator.sh
     python benchmarks/sparse_rewards.py --minutes 20 --warm-start
-    python benchmarks/sparse_rewards.py --minutes 0.5 --max-steps 1 --train-scenarios 8 \\
-        --val-scenarios 2 --base-model tiny-random          # smoke run of every arm
+    bash run.sh bench sparse_rewards --smoke   (tiny-random, every arm and path, ~1.5 min)
+
+``--smoke`` runs the calculator package where its own venv was not set up: served by this
+venv's mcp 2.x over HTTP, one process for every rollout (``benchmarks/_calculator_server.py``).
 """
 
 from __future__ import annotations
@@ -38,17 +40,26 @@ import asyncio
 import json
 import os
 import platform
+import shlex
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _machine import machine_line
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER = ROOT / "examples" / "mcp" / ".venv-calculator" / "bin" / "mcp-server-calculator"
+# The same package's server, run over HTTP by this venv's mcp 2.x (--smoke, where DEFAULT_SERVER
+# is not set up).
+HOSTED_SERVER = shlex.join(
+    [sys.executable, str(Path(__file__).with_name("_calculator_server.py")), "--http"]
+)
 SYSTEM_PROMPT = (
     "You solve arithmetic with the calculate tool: pass it the expression, e.g. 12*7. "
     "Then call complete_task with the number it returned."
@@ -192,7 +203,7 @@ async def run_arm(name: str, args: argparse.Namespace, workdir: Path) -> ArmResu
         tool_choice="required",
         parallel_tool_calls=False,
         max_turns=3,
-        max_tokens=48,
+        max_tokens=args.max_tokens,
         max_answer_chars=40,
         system_prompt=SYSTEM_PROMPT,
     )
@@ -315,7 +326,14 @@ async def main(args: argparse.Namespace) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         with (workdir / "servers.log").open("a") as errlog:  # the MCP servers' stderr
             args.errlog = errlog
-            results = [await run_arm(name, args, workdir) for name in arms]
+            if args.server == HOSTED_SERVER:
+                import art_mcp
+
+                async with art_mcp.spawn_http_server(HOSTED_SERVER, errlog=errlog) as server:
+                    args.server = server
+                    results = [await run_arm(name, args, workdir) for name in arms]
+            else:
+                results = [await run_arm(name, args, workdir) for name in arms]
     print_table(results, args)
 
 
@@ -345,7 +363,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sft-examples", type=int, default=32)
     parser.add_argument("--sft-learning-rate", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-tokens", type=int, default=48, help="per model call of a rollout")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny-random, every arm (--warm-start too) for 2 short steps (groups of 2, 24 "
+        "tokens a call) on a few scenarios, one validation run: the same table",
+    )
     args = parser.parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
+    if args.smoke:
+        args.base_model, args.warm_start, args.minutes, args.max_steps = "tiny-random", True, 1, 2
+        args.train_scenarios, args.val_scenarios, args.val_runs, args.max_tokens = 8, 1, 1, 24
+        args.groups_per_step, args.rollouts_per_group, args.max_group_size = 1, 2, 4
+        args.max_rollouts_per_step, args.sft_examples = 4, 2
+        if args.server == str(DEFAULT_SERVER) and not DEFAULT_SERVER.exists():
+            args.server = HOSTED_SERVER
     if not set(args.operators) <= set("+-*/"):
         parser.error("--operators takes characters of + - * /")
     args.operators = list(args.operators)

@@ -15,6 +15,8 @@ costs directly: time spent in the tracing hooks on the event loop, and time the 
 thread was busy (measured, both summed over the gather).
 
 Run:  .venv/bin/python benchmarks/tracing_overhead.py [--rounds 3] [--rollouts 64]
+      .venv/bin/python benchmarks/tracing_overhead.py --smoke   (1 round of 8 rollouts: each
+                                                                mode once, the same table)
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from _machine import machine_line
 
 os.environ.setdefault(
     "ART_CORE_MODELS_DIR", str(Path(tempfile.gettempdir()) / "art-core-test-models")
@@ -216,7 +220,11 @@ if __name__ == "__main__":
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rollouts", type=int, default=64)
+    parser.add_argument("--smoke", action="store_true", help="1 round of 8 rollouts")
     args = parser.parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
+    if args.smoke:
+        args.rounds, args.rollouts = 1, GROUP_SIZE
     if args.rollouts % GROUP_SIZE:
         parser.error(f"--rollouts must be a multiple of {GROUP_SIZE}")
     asyncio.run(main(args.rounds, args.rollouts))

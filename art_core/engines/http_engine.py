@@ -204,6 +204,10 @@ class HTTPEngine(ServesAdapters):
     def _raise_for_status(self, status: int, text: str) -> None:
         if status == 503:
             raise EngineUnavailable(f"the {self.name} is unavailable: {text[:500]}")
+        if status >= 500:  # the server failed (its engine core died, a model it cannot run)
+            raise EngineUnavailable(
+                f"the {self.name} failed while serving the call (HTTP {status}): {text[:500]}"
+            )
         if status >= 400:
             raise EngineError(f"the {self.name} rejected the request: {text[:500]}")
 

@@ -1,0 +1,56 @@
+"""Every script under ``benchmarks/`` runs with ``--smoke`` and prints its table.
+
+A benchmark is a README command: a change in what ``train`` returns, or in an engine's
+metrics, must fail here and not on a user's fresh clone. ``--smoke`` runs each script on
+tiny-random (or the fewest steps) through every code path it has, including a step that
+trains nothing, a failed group and a missing baseline, and prints the same table.
+
+Each script runs in its own process, as ``bash run.sh bench NAME --smoke`` runs it, with the
+test session's models folder (the embedded models are built once).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_"))
+# The GPU machine's setup steps (versions, shapes, wheels): they measure nothing.
+NOT_MEASURING = {"gpu_bundle", "gpu_env", "gpu_models"}
+# One smoke run on 2 busy cores: tiny-random models, a step or two. A run past this is a
+# hang, not a slow machine.
+TIMEOUT_S = 600
+
+
+def test_every_benchmark_is_covered() -> None:
+    """A new script under benchmarks/ is picked up by the glob; none may lack --smoke."""
+    missing = [s for s in SCRIPTS if "--smoke" not in (ROOT / "benchmarks" / f"{s}.py").read_text()]
+    assert not missing, f"benchmarks without a --smoke flag: {missing}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_benchmark_smoke(script: str, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # As a user runs them: torch threads follow the free cores (the test session fixes them
+    # for bit-exact comparisons, which on a busy machine makes each step 10-50x slower).
+    env.pop("ART_CORE_FOLLOW_FREE_CORES", None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--smoke"],
+        cwd=tmp_path,  # anything a script writes beside its table stays in the test's folder
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    tail = (proc.stdout[-4000:] + "\n--- stderr ---\n" + proc.stderr[-4000:]).strip()
+    assert proc.returncode == 0, f"{script} --smoke exited {proc.returncode}:\n{tail}"
+    assert proc.stdout.strip(), f"{script} --smoke printed no table:\n{tail}"
+    if script not in NOT_MEASURING:  # its figures depend on the machine: it names it
+        assert proc.stdout.startswith("machine: "), f"{script} does not name the machine:\n{tail}"
