@@ -20,6 +20,7 @@ COMMANDS: list[str] = [
     "art_core.rewards.cli",
     "art_core.server.cli",
     "art_core.metrics.plot",
+    "art_core.ui.cli",
 ]
 
 

@@ -1,11 +1,27 @@
 """``ModelFolder``: the one owner of a model's folder on disk.
 
-``{art_path}/{project}/models/{name}/`` holds ``model.json``, ``history.jsonl`` (one JSON
-record per line, append-only), ``checkpoints/{step:04d}/`` (a PEFT adapter plus optimizer
-and trainer state), ``trajectories/{split}/{step:04d}.jsonl``, ``calls.sqlite`` (the
-gateway's record) and ``logs/``. Everything that needs a path in it, or needs to know which
-checkpoint is the latest complete one, asks this class: the engine that serves the model
-and the trainer that resumes it always agree.
+``{art_path}/{project}/models/{name}/`` holds:
+
+- ``model.json``;
+- ``history.jsonl``: one JSON record per line, append-only;
+- ``checkpoints/{step:04d}/``: a PEFT adapter plus optimizer and trainer state;
+- ``trajectories/{split}/{step:04d}.jsonl``: the groups a step trained on (one per line);
+- ``signals/{split}/{step:04d}.jsonl``: the training signal each rollout of a GRPO step that
+  trained got, one JSON line per rollout (``art_core.training.training_signal``)::
+
+      {"trajectory_id": str, "advantage": float, "token_weight": float,
+       "sequences": [{"call_ids": [str, ...], "trained_tokens": int,
+                      "trainer_logprobs": [float | null, ...] | null}, ...]}
+
+  the advantage and loss weight of each of its trained tokens, and per training sequence
+  (the calls merged into it) the trainer's logprob of each trained token in sequence order
+  (``exp(trainer - sampler logprob)`` is the importance ratio it saw), 6 significant digits;
+- ``calls.sqlite``: the gateway's record;
+- ``logs/``.
+
+Everything that needs a path in it, or needs to know which checkpoint is the latest complete
+one, asks this class: the engine that serves the model and the trainer that resumes it
+always agree.
 
 A checkpoint is complete when its folder (named by the step, ASCII digits) holds the
 adapter's config and weights and the trainer's state; the trainer writes it under a hidden
@@ -63,6 +79,27 @@ def _safetensors_damage(path: Path) -> str | None:
     if max(ends, default=0) > data:
         return f"{path.name} is cut short: {data} bytes of tensor data, {max(ends)} expected"
     return None
+
+
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file, one per line ([] when there is no file); blank
+    lines are skipped, damaged ones with a warning naming the line."""
+    if not path.exists():
+        return []
+    records = []
+    text = path.read_text(encoding="utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            logger.warning("%s:%d is not a JSON record; skipped", path, number)
+    return records
 
 
 @dataclass(frozen=True)
@@ -128,6 +165,10 @@ class ModelFolder:
     def trajectories(self, split: str, step: int) -> Path:
         """``trajectories/{split}/{step:04d}.jsonl``."""
         return self.root / "trajectories" / split / f"{step:04d}.jsonl"
+
+    def training_signal(self, split: str, step: int) -> Path:
+        """``signals/{split}/{step:04d}.jsonl``."""
+        return self.root / "signals" / split / f"{step:04d}.jsonl"
 
     # ------------------------------------------------------------------------------ checkpoints
     @staticmethod
@@ -222,22 +263,35 @@ class ModelFolder:
         last line of a full disk) are skipped with a warning naming the line: one damaged
         record must not hide the rest of the history.
         """
-        if not self.history.exists():
-            return []
-        records = []
-        text = self.history.read_text(encoding="utf-8", errors="replace")
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                record = None
-            if isinstance(record, dict):
-                records.append(record)
+        return _read_records(self.history)
+
+    def append_training_signal(
+        self, split: str, step: int, records: Iterable[Mapping[str, Any]]
+    ) -> Path:
+        """Append ``records`` (one line each, one write per line) to
+        ``signals/{split}/{step:04d}.jsonl``."""
+        path = self.training_signal(split, step)
+        for record in records:
+            append_line(path, json.dumps(dict(record), allow_nan=False))
+        return path
+
+    def read_training_signal(self, split: str, step: int) -> dict[str, dict[str, Any]]:
+        """The records of ``signals/{split}/{step:04d}.jsonl`` by trajectory id ({} when
+        there is none; damaged lines are skipped with a warning, as ``read_history`` does).
+
+        Example:
+            >>> ModelFolder(Path("/nonexistent")).read_training_signal("train", 0)
+            {}
+        """
+        path = self.training_signal(split, step)
+        signal: dict[str, dict[str, Any]] = {}
+        for record in _read_records(path):
+            trajectory_id = record.get("trajectory_id")
+            if isinstance(trajectory_id, str):
+                signal[trajectory_id] = record
             else:
-                logger.warning("%s:%d is not a JSON record; skipped", self.history, number)
-        return records
+                logger.warning("%s: a record without a trajectory_id; skipped", path)
+        return signal
 
     def read_trajectories(self, split: str, step: int) -> list[TrajectoryGroup]:
         """The groups saved in ``trajectories/{split}/{step:04d}.jsonl`` (one per line)."""

@@ -15,7 +15,7 @@ import logging
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from art_core.gateway.body import BodyLimit
@@ -25,6 +25,8 @@ from art_core.server.auth import BearerAuth
 from art_core.server.limits import Backpressure
 from art_core.server.openapi import openapi_document
 from art_core.server.service import Service
+from art_core.ui.app import build_ui_app
+from art_core.ui.auth import BrowserTokenAuth
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,28 @@ class _Dispatch:
             await self.api(scope, receive, send)
         else:
             await self.gateway(scope, receive, send)
+
+
+class _WithUI:
+    """``/ui`` to the read-only viewer of the art folder (its own token check: a browser
+    carries the token in a cookie), the rest to the service."""
+
+    PREFIX = "/ui"
+
+    def __init__(self, service: ASGIApp, ui: ASGIApp) -> None:
+        self.service, self.ui = service, ui
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path == self.PREFIX or path.startswith(self.PREFIX + "/")):
+            if path == self.PREFIX:
+                await RedirectResponse(self.PREFIX + "/", 307)(scope, receive, send)
+                return
+            # Starlette's convention: ``path`` keeps the prefix, ``root_path`` names it.
+            ui_scope = {**scope, "root_path": scope.get("root_path", "") + self.PREFIX}
+            await self.ui(ui_scope, receive, send)
+        else:
+            await self.service(scope, receive, send)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
@@ -71,8 +95,11 @@ def build_app(service: Service) -> ASGIApp:
     app = Backpressure(app, settings.max_pending, settings.retry_after_s)
     app = BodyLimit(app, settings.max_body_bytes)
     token = settings.resolved_token()
+    ui = build_ui_app(settings.path)
     if token is not None:
         app = BearerAuth(app, token)
+        ui = BrowserTokenAuth(ui, token)
+    app = _WithUI(app, ui)
     if settings.cors_origins:
         app = CORSMiddleware(
             app,

@@ -13,6 +13,7 @@ from typing import Self
 import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 START_TIMEOUT_S = 30.0
 
@@ -39,8 +40,12 @@ class LoopbackServer:
         self._thread: threading.Thread | None = None
 
     def routes(self) -> list[Route]:
-        """The app's routes; subclasses define them."""
+        """The app's routes; subclasses define them (or the whole ``app``)."""
         raise NotImplementedError
+
+    def app(self) -> ASGIApp:
+        """The ASGI app served: a Starlette app of ``routes()`` unless overridden."""
+        return Starlette(routes=self.routes())
 
     @property
     def url(self) -> str:
@@ -50,7 +55,7 @@ class LoopbackServer:
     def start(self) -> Self:
         """Start serving; returns once the socket is bound."""
         config = uvicorn.Config(
-            Starlette(routes=self.routes()),
+            self.app(),
             host="127.0.0.1",
             port=0,
             log_level="warning",

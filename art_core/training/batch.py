@@ -20,10 +20,12 @@ from art_core.trajectories import TrajectoryGroup, require_finished
 
 @dataclass
 class Rollout:
-    """The trainable part of one trajectory: its sequences and its advantage."""
+    """The trainable part of one trajectory: its sequences and its advantage (and the
+    trajectory's id, which the training signal is recorded under)."""
 
     sequences: list[TokenSequence]
     advantage: float
+    trajectory_id: str = ""
 
     @property
     def num_trainable_tokens(self) -> int:
@@ -95,7 +97,7 @@ def prepare_batch(
             assembled = assemble_sequences(trajectory.calls)
             breaks += assembled.breaks
             sequences += len(assembled.sequences)
-            rollout = Rollout(assembled.sequences, advantage)
+            rollout = Rollout(assembled.sequences, advantage, trajectory.id)
             if rollout.num_trainable_tokens > 0:
                 rollouts.append(rollout)
 
@@ -138,19 +140,45 @@ def split_rollouts(rollouts: Sequence[Rollout], parts: int) -> list[list[Rollout
     return chunks
 
 
-def to_examples(rollouts: Sequence[Rollout]) -> list[TrainingExample]:
+def to_examples(rollouts: Sequence[Rollout], *, start: int = 0) -> list[TrainingExample]:
     """Examples of one optimizer step; token weights make every rollout weigh ``1/len``.
+
+    Each example's ``source`` is ``(start + index of its rollout, index of its sequence)``.
 
     Example:
         >>> seq = TokenSequence([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0])
         >>> [e.weight for e in to_examples([Rollout([seq], 1.0), Rollout([seq, seq], -1.0)])]
         [0.25, 0.125, 0.125]
+        >>> [e.source for e in to_examples([Rollout([seq, seq], 1.0)], start=3)]
+        [(3, 0), (3, 1)]
     """
     examples: list[TrainingExample] = []
-    for rollout in rollouts:
+    for index, rollout in enumerate(rollouts, start=start):
         weight = rollout_token_weight(rollout.num_trainable_tokens, len(rollouts))
-        examples += [TrainingExample(seq, rollout.advantage, weight) for seq in rollout.sequences]
+        examples += [
+            TrainingExample(seq, rollout.advantage, weight, source=(index, position))
+            for position, seq in enumerate(rollout.sequences)
+        ]
     return examples
+
+
+def update_examples(rollouts: Sequence[Rollout], parts: int) -> list[list[TrainingExample]]:
+    """The examples of each optimizer update of an epoch: ``rollouts`` split into ``parts``
+    chunks (``split_rollouts``), each chunk's weights summing to 1; sources index
+    ``rollouts``.
+
+    Example:
+        >>> seq = TokenSequence([1, 2], [False, True], [0.0, -1.0])
+        >>> updates = update_examples([Rollout([seq], 1.0)] * 3, 2)
+        >>> [[(e.source, e.weight) for e in update] for update in updates]
+        [[((0, 0), 0.5), ((1, 0), 0.5)], [((2, 0), 1.0)]]
+    """
+    updates: list[list[TrainingExample]] = []
+    start = 0
+    for chunk in split_rollouts(rollouts, parts):
+        updates.append(to_examples(chunk, start=start))
+        start += len(chunk)
+    return updates
 
 
 def nothing_trained_reason(metrics: dict[str, float]) -> str:

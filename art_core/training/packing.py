@@ -20,7 +20,7 @@ context tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,13 +30,20 @@ from art_core.training.sequences import TokenSequence
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn")
 
 
+# Where an example came from: (index of its rollout in the step, index of the sequence in
+# that rollout). Carried through packing so a trained token can be traced to its rollout.
+Source = tuple[int, int]
+
+
 @dataclass
 class TrainingExample:
-    """A sequence to train on, with its rollout's advantage and per-token credit weight."""
+    """A sequence to train on, with its rollout's advantage and per-token credit weight
+    (and, when known, its ``source``: see ``Source``)."""
 
     sequence: TokenSequence
     advantage: float
     weight: float
+    source: Source | None = None
 
     def __len__(self) -> int:
         return len(self.sequence)
@@ -50,7 +57,9 @@ class MicroBatch:
     needed (they predict a trained token); the model returns those logits flattened in
     row-major order, and ``target_rows[i]`` says which of them predicts trained token ``i``
     (a shared prompt's last position predicts the first token of every rollout sharing it).
-    The per-token tensors (``target_ids`` ...) list the trained tokens in sequence order.
+    The per-token tensors (``target_ids`` ...) list the trained tokens in sequence order:
+    ``segments`` says whose they are, one ``(source, trained tokens)`` per example in that
+    order (the first example's tokens come first, and so on).
     """
 
     input_ids: torch.Tensor  # (rows, length) long
@@ -64,6 +73,7 @@ class MicroBatch:
     weights: torch.Tensor  # (n,) float
     num_tokens: int  # tokens actually run (shared prefixes counted once, no padding)
     num_sequences: int
+    segments: list[tuple[Source | None, int]] = field(default_factory=list)
 
     @property
     def num_trainable_tokens(self) -> int:
@@ -191,15 +201,20 @@ def plan_rows(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return rows
 
 
-def _per_token_tensors(placed: Sequence[_Placed]) -> dict[str, torch.Tensor]:
-    """Per-trained-token tensors, and the row position whose logits predict each token."""
+def _per_token_tensors(
+    placed: Sequence[_Placed],
+) -> tuple[dict[str, torch.Tensor], list[tuple[Source | None, int]]]:
+    """Per-trained-token tensors, and the row position whose logits predict each token;
+    and each example's source and number of trained tokens, in the tensors' order."""
     predict_positions: list[int] = []
     target_ids: list[int] = []
     sampler: list[float] = []
     advantages: list[float] = []
     weights: list[float] = []
+    segments: list[tuple[Source | None, int]] = []
     for item in placed:
         seq = item.example.sequence
+        before = len(target_ids)
         for index, (token, trained, logprob) in enumerate(
             zip(seq.token_ids, seq.loss_mask, seq.logprobs, strict=True)
         ):
@@ -209,13 +224,15 @@ def _per_token_tensors(placed: Sequence[_Placed]) -> dict[str, torch.Tensor]:
                 sampler.append(logprob)
                 advantages.append(item.example.advantage)
                 weights.append(item.example.weight)
-    return {
+        segments.append((item.example.source, len(target_ids) - before))
+    tensors = {
         "predict_positions": torch.tensor(predict_positions, dtype=torch.long),
         "target_ids": torch.tensor(target_ids, dtype=torch.long),
         "sampler_logprobs": torch.tensor(sampler, dtype=torch.float32),
         "advantages": torch.tensor(advantages, dtype=torch.float32),
         "weights": torch.tensor(weights, dtype=torch.float32),
     }
+    return tensors, segments
 
 
 def _keep_and_rows(
@@ -259,7 +276,7 @@ def pack_row(
         input_ids += item.example.sequence.token_ids[item.shared :]
         positions += range(item.shared, len(item.example))
     row_length = len(input_ids)
-    tensors = _per_token_tensors(placed)
+    tensors, segments = _per_token_tensors(placed)
     keep, target_rows = _keep_and_rows(tensors.pop("predict_positions"), row_length)
     return MicroBatch(
         input_ids=torch.tensor([input_ids], dtype=torch.long),
@@ -269,6 +286,7 @@ def pack_row(
         target_rows=target_rows,
         num_tokens=row_length,
         num_sequences=len(examples),
+        segments=segments,
         **tensors,
     )
 
@@ -292,7 +310,7 @@ def pad_rows(examples: Sequence[TrainingExample], *, pad_token_id: int = 0) -> M
         attention.append([1] * len(example) + [0] * pad)
     # Row b starts at flat position b * row_length of the (rows, length) grid.
     placed = [_Placed(example, row * row_length) for row, example in enumerate(examples)]
-    tensors = _per_token_tensors(placed)
+    tensors, segments = _per_token_tensors(placed)
     keep, target_rows = _keep_and_rows(tensors.pop("predict_positions"), len(examples) * row_length)
     return MicroBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.long),
@@ -302,6 +320,7 @@ def pad_rows(examples: Sequence[TrainingExample], *, pad_token_id: int = 0) -> M
         target_rows=target_rows,
         num_tokens=sum(len(example) for example in examples),
         num_sequences=len(examples),
+        segments=segments,
         **tensors,
     )
 

@@ -30,8 +30,7 @@ from art_core.training.batch import (
     PreparedBatch,
     nothing_trained_reason,
     prepare_batch,
-    split_rollouts,
-    to_examples,
+    update_examples,
 )
 from art_core.training.cancel import raise_if_cancelled
 from art_core.training.checkpoints import (
@@ -46,9 +45,10 @@ from art_core.training.loading import (
     load_trainable_model,
 )
 from art_core.training.loss import LossOutput, grpo_loss, token_logprobs
-from art_core.training.packing import MicroBatch, make_micro_batches
+from art_core.training.packing import MicroBatch, TrainingExample, make_micro_batches
 from art_core.training.sft import SFTRecord, plan_sft, run_sft
 from art_core.training.step_stats import ALWAYS_REPORTED, ProgressCallback, StepStats
+from art_core.training.training_signal import SeenLogprobs, record_logprobs, signal_records
 from art_core.trajectories import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,9 @@ class Trainer:
         Assembles token-exact sequences from the recorded calls, computes group-relative
         advantages, runs ``config.num_epochs * config.optimizer_steps_per_epoch`` optimizer
         steps (gradients accumulated over micro-batches), then saves the checkpoint, appends
-        metrics to ``history.jsonl`` and the groups to ``trajectories/train/{step:04d}.jsonl``.
+        metrics to ``history.jsonl``, the groups to ``trajectories/train/{step:04d}.jsonl``
+        and what each rollout was trained with to ``signals/train/{step:04d}.jsonl``
+        (``training.training_signal``).
         When the groups hold no token to train on (all rewards equal in every group, no
         recorded calls), nothing changes: a warning names the reason, the history records it
         (``train/trained`` 0) and no checkpoint is written; ``result.step`` stays the current
@@ -390,21 +392,23 @@ class Trainer:
 
     def _plan(
         self, groups: list[TrajectoryGroup], config: TrainConfig
-    ) -> tuple[PreparedBatch, list[list[MicroBatch]]]:
-        """The step's rollouts, and their micro-batches grouped by optimizer update."""
+    ) -> tuple[PreparedBatch, list[list[TrainingExample]], list[list[MicroBatch]]]:
+        """The step's rollouts, the examples of each optimizer update, and their
+        micro-batches grouped by optimizer update."""
         prepared = prepare_batch(groups, scale_rewards=config.scale_rewards)
+        updates = update_examples(prepared.rollouts, config.optimizer_steps_per_epoch)
         attn = getattr(self._model.config, "_attn_implementation", None)
         plan = [
             make_micro_batches(
-                to_examples(chunk),
+                examples,
                 max_tokens=config.max_tokens_per_batch,
                 packing=config.packing,
                 share_prefixes=config.share_prefixes,
                 attn_implementation=attn,
             )
-            for chunk in split_rollouts(prepared.rollouts, config.optimizer_steps_per_epoch)
+            for examples in updates
         ]
-        return prepared, [micro_batches for micro_batches in plan if micro_batches]
+        return prepared, updates, [micro_batches for micro_batches in plan if micro_batches]
 
     def _train_step(
         self,
@@ -415,7 +419,7 @@ class Trainer:
         started = time.perf_counter()
         self._ensure_loaded(config)
         step, new_step = self._loaded_step, self._loaded_step + 1
-        prepared, plan = self._plan(groups, config)
+        prepared, updates, plan = self._plan(groups, config)
         if not plan:
             return self._nothing_trained(step, groups, prepared.metrics)
         stats = StepStats(
@@ -425,7 +429,7 @@ class Trainer:
             started=started,
         )
         # Dropout is reproducible per step without disturbing anyone else's RNG.
-        self._run_updates(plan, config, stats, seed=config.seed + new_step)
+        seen = self._run_updates(plan, config, stats, seed=config.seed + new_step)
         stats.close()
         metrics = {
             **prepared.metrics,
@@ -435,13 +439,17 @@ class Trainer:
                 learning_rate=config.learning_rate,
             ),
         }
-        return self._save(step, new_step, groups, config, metrics)
+        signal = signal_records(prepared.rollouts, updates, seen)
+        return self._save(step, new_step, groups, config, metrics, signal=signal)
 
     def _run_updates(
         self, plan: list[list[MicroBatch]], config: TrainConfig, stats: StepStats, *, seed: int
-    ) -> None:
+    ) -> SeenLogprobs:
         """The step's optimizer updates: each accumulates the gradients of its micro-batches
         (``_finish_gradients`` combines and clips them) and is applied when they are finite.
+
+        Returns the logprobs of the examples' trained tokens by source, as the first epoch
+        saw them (the training signal: see ``_micro_batch_loss``).
 
         A micro-batch with ``num_sequences == 0`` is padding (a data-parallel rank without
         work of its own still runs the forwards its peers run): it adds nothing and is not
@@ -454,6 +462,7 @@ class Trainer:
                 lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
             )
         params = [p for group in optimizer.param_groups for p in group["params"]]
+        seen: SeenLogprobs = {}
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
@@ -466,7 +475,9 @@ class Trainer:
                         if self.device.type == "cpu":
                             follow_free_cores()  # fewer threads while other processes run
                         old = old_logprobs.get((update, position))
-                        out = self._micro_batch_loss(batch, config, old)
+                        out = self._micro_batch_loss(
+                            batch, config, old, seen=seen if epoch == 0 else None
+                        )
                         out.loss.backward()
                         if batch.num_sequences:
                             stats.micro_batch(
@@ -481,6 +492,7 @@ class Trainer:
                     optimizer.zero_grad(set_to_none=True)
                     stats.optimizer_step(norm, epoch=epoch, update=update)
             model.eval()
+        return seen
 
     def _finish_gradients(self, params: list[torch.nn.Parameter], config: TrainConfig) -> float:
         """Clip the accumulated gradients to ``max_grad_norm``; return their global norm.
@@ -516,10 +528,22 @@ class Trainer:
         )
 
     def _micro_batch_loss(
-        self, batch: MicroBatch, config: TrainConfig, old_logprobs: torch.Tensor | None
+        self,
+        batch: MicroBatch,
+        config: TrainConfig,
+        old_logprobs: torch.Tensor | None,
+        *,
+        seen: SeenLogprobs | None = None,
     ) -> LossOutput:
-        """Forward one micro-batch and compute its share of the step's loss."""
+        """Forward one micro-batch and compute its share of the step's loss.
+
+        With ``seen``, the trainer's logprobs of its trained tokens go there by example
+        source: the policy before any update when truncated importance sampling computed
+        it (``old_logprobs``), else this forward's.
+        """
         logprobs, entropy = self._logprobs(batch, config)
+        if seen is not None:
+            record_logprobs(seen, batch, logprobs if old_logprobs is None else old_logprobs)
         old = None
         if config.truncated_importance_sampling is not None:
             # Single optimizer step: the policy before the update is the current one.
@@ -574,6 +598,7 @@ class Trainer:
         metrics: dict[str, float],
         *,
         split: str = "train",
+        signal: Sequence[Mapping[str, Any]] = (),
     ) -> TrainResult:
         assert self._optimizer is not None
         metrics = {**metrics, f"{split}/trained": 1.0}
@@ -590,7 +615,7 @@ class Trainer:
             },
         )
         self._loaded_step = new_step
-        self._record(step, groups, metrics, checkpoint_step=new_step, split=split)
+        self._record(step, groups, metrics, checkpoint_step=new_step, split=split, signal=signal)
         return TrainResult(step=new_step, metrics=metrics, checkpoint_path=str(folder))
 
     def _record(
@@ -601,12 +626,16 @@ class Trainer:
         *,
         checkpoint_step: int | None,
         split: str = "train",
+        signal: Sequence[Mapping[str, Any]] = (),
     ) -> None:
-        """The step's groups under ``trajectories/{split}/{step:04d}.jsonl`` and its metrics
-        in ``history.jsonl`` (both under the step that sampled the rollouts, or that an SFT
-        call started from)."""
+        """The step's groups under ``trajectories/{split}/{step:04d}.jsonl``, the training
+        signal of its rollouts (``signal``, when it trained) under
+        ``signals/{split}/{step:04d}.jsonl`` and its metrics in ``history.jsonl`` (all under
+        the step that sampled the rollouts, or that an SFT call started from)."""
         # Appended: a step that trained nothing and the next one both sampled with step ``step``.
         self.folder.append_trajectories(split, step, (g.model_dump_json() for g in groups))
+        if signal:
+            self.folder.append_training_signal(split, step, signal)
         self.folder.append_history(
             {
                 "step": step,

@@ -8,7 +8,9 @@ in-process trainer), splits every update across the ranks by token count, and dr
 ranks through two phases:
 
 1. ``train``: every rank runs its share, the ranks sum their LoRA gradients, every rank
-   applies the same update; each reports its metric sums, tokens and times;
+   applies the same update; each reports its metric sums, tokens and times, and the
+   trainer's logprobs of its examples' trained tokens (the coordinator writes the step's
+   training signal from them, see ``training.training_signal``);
 2. ``save``: rank 0 writes the checkpoint into a staging folder (with FSDP every rank
    helps gather the sharded state).
 
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from art_core.model_folder import ADAPTER_CONFIG_FILE, ModelFolder
-from art_core.training.batch import prepare_batch, split_rollouts, to_examples
+from art_core.training.batch import prepare_batch, update_examples
 from art_core.training.cancel import raise_if_cancelled
 from art_core.training.checkpoints import commit_checkpoint
 from art_core.training.config import TrainConfig, TrainResult
@@ -40,6 +42,7 @@ from art_core.training.distributed.messages import encode_examples
 from art_core.training.distributed.world import TrainingWorld
 from art_core.training.step_stats import ProgressCallback, StepStats
 from art_core.training.trainer import Trainer
+from art_core.training.training_signal import decode_seen, signal_records
 from art_core.trajectories import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
@@ -293,10 +296,7 @@ class DistributedTrainer(Trainer):
         # any split: where a token runs cannot change its weight.
         updates = [
             examples
-            for examples in (
-                to_examples(chunk)
-                for chunk in split_rollouts(prepared.rollouts, config.optimizer_steps_per_epoch)
-            )
+            for examples in update_examples(prepared.rollouts, config.optimizer_steps_per_epoch)
             if any(example.sequence.num_trainable_tokens for example in examples)
         ]
         if not updates:
@@ -347,7 +347,14 @@ class DistributedTrainer(Trainer):
                     f"{step} stays in force; the ranks are started again on the next step"
                 ) from None
             raise
-        self._record(step, groups, metrics, checkpoint_step=new_step)
+        # Each example ran on exactly one rank, which reported its logprobs by source.
+        seen = {
+            source: values
+            for report in reports
+            for source, values in decode_seen(report.get("seen", [])).items()
+        }
+        signal = signal_records(prepared.rollouts, updates, seen)
+        self._record(step, groups, metrics, checkpoint_step=new_step, signal=signal)
         return TrainResult(step=new_step, metrics=metrics, checkpoint_path=str(folder))
 
     def _remove_staging(self, step: int) -> None:

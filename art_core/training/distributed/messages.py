@@ -1,8 +1,8 @@
 """What the coordinator and the rank processes say to each other: JSON, never pickle.
 
 A step's examples travel as plain JSON (token ids, loss mask, sampler logprobs, advantage,
-weight): Python writes floats with ``repr``, so they come back bit-identical and a rank
-packs exactly the micro-batches the in-process trainer would. Each message is one JSON
+weight, source): Python writes floats with ``repr``, so they come back bit-identical and a
+rank packs exactly the micro-batches the in-process trainer would. Each message is one JSON
 object in one frame of the transport (a pipe's ``send_bytes`` locally, a Ray actor call).
 
 Messages to a rank: ``{"op": "start" | "train" | "save" | "close", "payload": {...}}``.
@@ -29,6 +29,8 @@ def encode_examples(examples: Sequence[TrainingExample]) -> list[dict[str, Any]]
         >>> seq = TokenSequence([1, 2], [False, True], [0.0, -0.25])
         >>> decode_examples(encode_examples([TrainingExample(seq, 0.5, 0.125)]))[0].weight
         0.125
+        >>> decode_examples(encode_examples([TrainingExample(seq, 0.5, 0.125, (3, 1))]))[0].source
+        (3, 1)
     """
     return [
         {
@@ -37,6 +39,7 @@ def encode_examples(examples: Sequence[TrainingExample]) -> list[dict[str, Any]]
             "logprobs": example.sequence.logprobs,
             "advantage": example.advantage,
             "weight": example.weight,
+            "source": None if example.source is None else list(example.source),
         }
         for example in examples
     ]
@@ -53,9 +56,14 @@ def decode_examples(records: Sequence[dict[str, Any]]) -> list[TrainingExample]:
             ),
             float(record["advantage"]),
             float(record["weight"]),
+            source=_source(record.get("source")),
         )
         for record in records
     ]
+
+
+def _source(value: Any) -> tuple[int, int] | None:
+    return None if value is None else (int(value[0]), int(value[1]))
 
 
 def dumps(message: dict[str, Any]) -> bytes:

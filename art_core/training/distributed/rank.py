@@ -44,6 +44,7 @@ from art_core.training.packing import MicroBatch, TrainingExample, make_micro_ba
 from art_core.training.sequences import TokenSequence
 from art_core.training.step_stats import StepStats
 from art_core.training.trainer import Trainer
+from art_core.training.training_signal import encode_seen
 
 logger = logging.getLogger(__name__)
 Emit = Callable[[dict[str, Any]], None]
@@ -200,7 +201,7 @@ class RankTrainer(Trainer):
                 )
                 self.allreduce_seconds = 0.0
                 started = time.perf_counter()
-                self._run_updates(
+                seen = self._run_updates(
                     plan,
                     config,
                     stats,
@@ -218,6 +219,9 @@ class RankTrainer(Trainer):
             "micro_batches": config.num_epochs * len(real),
             "seconds": seconds,
             "allreduce_seconds": self.allreduce_seconds,
+            # The trainer's logprobs of this rank's examples (by source), for the training
+            # signal the coordinator writes.
+            "seen": encode_seen(seen),
         }
 
     def stage(self, payload: dict[str, Any]) -> dict[str, Any]:
