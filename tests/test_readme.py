@@ -866,6 +866,10 @@ DEMO = (
     "the full demo trains smollm2-135m for minutes; integrations/mcp/tests/test_mcp_cli.py "
     "runs `art-core mcp demo` (and --warm-start) end to end on tiny-random"
 )
+UI = (
+    "tests/test_ui.py::test_cli_serves_the_folder_and_needs_a_token_off_loopback runs "
+    "`art-core ui` on loopback and on 0.0.0.0 (token generated, printed and required)"
+)
 SHELL: dict[str, Shell] = {
     # README.md: The two commands
     "bash run.sh demo": Shell(
@@ -887,6 +891,9 @@ SHELL: dict[str, Shell] = {
             ("/data/.art", "art", "no /data here: a folder of the test's own"),
         ),
     ),
+    # README.md: art-core ui
+    "art-core ui .art": Shell(UI),
+    "art-core ui .art --host 0.0.0.0": Shell(UI),
     # README.md: On a GPU
     "bash run.sh gpu-bundle": Shell(
         "tests/test_gpu_check.py runs it (`bash run.sh gpu-bundle DIR`) and checks the bundle"

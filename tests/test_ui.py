@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -324,3 +327,54 @@ def test_serve_has_the_viewer_under_ui_behind_its_token(
             assert client.get("/v1/models").status_code == 401
     finally:
         server.stop()
+
+
+def _start_ui(args: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "art_core.cli", "ui", *args, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "ART_CORE_TOKEN"},
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    for line in process.stdout:
+        lines.append(line.strip())
+        if line.startswith("art-core ui: open "):
+            return process, lines
+    process.wait(10)
+    raise AssertionError("art-core ui did not start:\n" + "\n".join(lines))
+
+
+def test_cli_serves_the_folder_and_needs_a_token_off_loopback(
+    trained: ModelFolder, art_path: Path
+) -> None:
+    process, lines = _start_ui([str(art_path)])
+    try:
+        url = lines[-1].removeprefix("art-core ui: open ")
+        assert "token" not in url
+        runs = httpx.get(f"{url}api/runs", timeout=30).json()["runs"]
+        assert ("ui", "ui-agent") in {(r["project"], r["name"]) for r in runs}
+    finally:
+        process.terminate()
+        process.wait(30)
+    process, lines = _start_ui([str(art_path), "--host", "0.0.0.0"])
+    try:
+        url = lines[-1].removeprefix("art-core ui: open ")
+        assert "token generated" in " ".join(lines)
+        base, _, token = url.partition("?token=")
+        local = base.replace("0.0.0.0", "127.0.0.1")
+        assert httpx.get(f"{local}api/runs", timeout=30).status_code == 401
+        headers = {"authorization": f"Bearer {token}"}
+        assert httpx.get(f"{local}api/runs", headers=headers, timeout=30).status_code == 200
+    finally:
+        process.terminate()
+        process.wait(30)
+    missing = subprocess.run(
+        [sys.executable, "-m", "art_core.cli", "ui", str(art_path / "nowhere")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and "is not a folder" in missing.stdout

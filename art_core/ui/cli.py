@@ -62,6 +62,7 @@ def run(path: str, host: str, port: int, token: str | None) -> int:
             for sock in listener.sockets:
                 bound = sock.getsockname()[1]
         url = address.replace(f":{port}/", f":{bound}/")
+        _say(f"listening on {url.rstrip('/')}")
         if token is not None:
             if generated:
                 _say("token generated (choose one with --token or $ART_CORE_TOKEN)")

@@ -19,7 +19,7 @@ function h(tag, attrs, ...children) {
     else if (k === "style") { node.style.cssText = v; }
     else { node.setAttribute(k, v === true ? "" : v); }
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) { continue; }
     node.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -39,7 +39,9 @@ async function api(path) {
   return body;
 }
 
-function show(...nodes) { main.replaceChildren(...nodes); }
+function show(...nodes) {
+  main.replaceChildren(...nodes.flat(Infinity).filter(n => n !== null && n !== undefined && n !== false));
+}
 function problems(list) { return (list || []).map(p => h("div", {class: "problem"}, p)); }
 function setCrumbs(...items) {
   crumbs.replaceChildren(...items.map(([label, href]) => href ? h("a", {href}, label) : h("span", {}, label)));
@@ -67,7 +69,9 @@ function route() {
 
 document.addEventListener("click", event => {
   const link = event.target.closest("a");
-  if (!link || link.hasAttribute("download") || link.target || event.ctrlKey || event.metaKey) { return; }
+  // A link with its own handler (it prevented the default) or an in-page anchor is left alone.
+  if (!link || event.defaultPrevented || (link.getAttribute("href") || "").startsWith("#") ||
+      link.hasAttribute("download") || link.target || event.ctrlKey || event.metaKey) { return; }
   const url = new URL(link.href, location.href);
   if (url.origin === location.origin && url.pathname.startsWith(ROOT + "/") &&
       !url.pathname.startsWith(ROOT + "/api/") && !url.pathname.startsWith(ROOT + "/static/")) {
@@ -252,7 +256,7 @@ async function stepPage(project, name, split, step) {
       (data.signal_recorded ? "" : (split === "train" ? " · no training signal recorded for this step" : ""))),
     ...problems(data.problems),
     h("div", {class: "toolbar"}, search, groups),
-    h("table", {id: "rollouts"}, h("thead", {}, head), tbody),
+    h("div", {class: "scroll"}, h("table", {id: "rollouts"}, h("thead", {}, head), tbody)),
     data.exceptions.length ? [h("h2", {}, "Failed rollouts"), ...data.exceptions.map(e =>
       h("details", {class: "exception"}, h("summary", {}, `group ${e.group}: ${e.type}: ${e.message}`), h("pre", {class: "block"}, e.traceback)))] : null,
     h("h2", {}, "Groups"), groupCards, sideBySide);
@@ -362,16 +366,21 @@ async function comparePage(params) {
   const data = await api(`compare?a=${enc(a)}&b=${enc(b)}`);
   const [pa, na, sa, ta] = a.split("/"), [pb, nb, sb, tb] = b.split("/");
   const left = h("div", {id: "compare-a-view"}), right = h("div", {id: "compare-b-view"});
+  async function load(scenario, side, [p, n, s, t], box, chosen) {
+    const rollouts = scenario[side].rollouts;
+    const pick = h("select", {class: "pick-rollout"}, rollouts.map((r, i) =>
+      h("option", {value: i}, `rollout ${i} · reward ${fmt(r.reward)}`)));
+    pick.value = String(chosen);
+    pick.addEventListener("change", () => load(scenario, side, [p, n, s, t], box, Number(pick.value)).catch(failed));
+    const id = rollouts[chosen].id;
+    const r = await api(`runs/${modelPath(p, n)}/steps/${enc(s)}/${enc(t)}/rollouts/${enc(id)}`);
+    box.replaceChildren(h("h2", {}, `${p}/${n} · ${s} step ${t}`),
+      h("p", {}, `group mean reward ${fmt(scenario[side].mean_reward)} · `, pick, " ",
+        h("a", {href: page(`rollout/${modelPath(p, n)}/${enc(s)}/${enc(t)}/${enc(id)}`)}, "open")),
+      messagesView(r.messages));
+  }
   async function open(scenario) {
-    const load = async (side, [p, n, s, t], box) => {
-      const first = scenario[side].rollouts[0];
-      const r = await api(`runs/${modelPath(p, n)}/steps/${enc(s)}/${enc(t)}/rollouts/${enc(first.id)}`);
-      box.replaceChildren(h("h2", {}, `${p}/${n} · ${s} step ${t}`),
-        h("p", {}, `group mean reward ${fmt(scenario[side].mean_reward)} · this rollout ${fmt(r.summary.reward)} · `,
-          h("a", {href: page(`rollout/${modelPath(p, n)}/${enc(s)}/${enc(t)}/${enc(first.id)}`)}, "open")),
-        messagesView(r.messages));
-    };
-    await Promise.all([load("a", [pa, na, sa, ta], left), load("b", [pb, nb, sb, tb], right)]);
+    await Promise.all([load(scenario, "a", [pa, na, sa, ta], left, 0), load(scenario, "b", [pb, nb, sb, tb], right, 0)]);
   }
   const rows = data.scenarios.map(sc => h("tr", {},
     h("td", {}, h("a", {href: "#", class: "scenario", onclick: e => { e.preventDefault(); open(sc).catch(failed); }}, sc.task || sc.scenario)),

@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import shlex
 import sys
 import time
 from contextlib import AsyncExitStack
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 SERVER_SCRIPT = Path("examples/mcp/shop_server.py")
 SCENARIO_FILE = Path("examples/mcp/shop_scenarios.jsonl")
@@ -76,6 +78,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     warm_start_args(parser)
     parser.set_defaults(func=lambda args: asyncio.run(run_demo(args)))
+
+
+def viewer_hint(path: str, project: str, name: str | None) -> str:
+    """The closing line that says how to look at what the demo just trained (one model's run
+    page, or with ``name`` None the list of runs).
+
+    Example:
+        >>> print(viewer_hint(".art", "mcp-demo", "shop-1"))
+        See every rollout and the tokens it was trained on: art-core ui .art, then open http://127.0.0.1:7998/run/mcp-demo/shop-1
+    """
+    page = f"run/{quote(project, safe='')}/{quote(name, safe='')}" if name else ""
+    return (
+        f"See every rollout and the tokens it was trained on: art-core ui {shlex.quote(path)}, "
+        f"then open http://127.0.0.1:7998/{page}"
+    )
 
 
 async def run_demo(args: argparse.Namespace) -> int:
@@ -148,6 +165,7 @@ async def run_demo(args: argparse.Namespace) -> int:
             f"sampling noise (step {report.before.step}), total wall time {wall / 60:.1f} min.",
             file=sys.stdout,
         )
+        print(viewer_hint(args.path, args.project, args.name))
         return 1
     verdict = "higher" if after > before else "NOT higher"
     print(
@@ -155,6 +173,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         f"(step {report.before.step} -> {report.after.step}), total wall time {wall / 60:.1f} min.",
         file=sys.stdout,
     )
+    print(viewer_hint(args.path, args.project, args.name))
     return 0 if after > before else 1
 
 
@@ -192,6 +211,7 @@ async def _compare_warm_start(
     plain = await train_from_args(plain_args, server, train_set, val, errlog=errlog)
     wall = time.perf_counter() - started
     print(f"\n{closing_note(args, warm, plain)}\ntotal wall time {wall / 60:.1f} min.")
+    print(viewer_hint(args.path, args.project, None))
     return 0 if warm.after.mean_reward > warm.before.mean_reward else 1
 
 

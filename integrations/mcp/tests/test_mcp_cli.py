@@ -112,6 +112,11 @@ def test_demo_runs_end_to_end_on_tiny_random(tmp_path: Path) -> None:
     else:
         assert not checkpoint.exists()
         assert "No step trained anything" in result.stdout
+    # The closing line says how to open the viewer on the model it just trained.
+    name = checkpoint.parent.parent.name
+    assert f"art-core ui {tmp_path}, then open http://127.0.0.1:7998/run/mcp-demo/{name}" in (
+        result.stdout
+    )
 
 
 @pytest.mark.slow
