@@ -18,11 +18,15 @@ over a few such steps, the first rollout also loads the tokenizer); the files ar
 page cache (just written), so it is the viewer's own work, not the disk's. "warm" is the
 median of ``--repeats`` requests (rollouts of steps already opened, as when one clicks a
 rollout on its step page). With Debian's chromium and ``playwright`` installed, "browser"
-is a headless navigation until the page is drawn (the run page's first chart, the rollout's
-token view), median of ``--repeats``. "goal / ours" divides the goal by the slowest of the
-three columns (> 1: within the goal).
+is a headless navigation, on the page's own clock, from its start until the frame showing
+the run page's first chart / the rollout's token view is drawn (median of ``--repeats``;
+the last row: direct links to rollouts of steps not opened before); below the table, where
+that time went (scripts, the API's reply, building the page, drawing it). "goal / ours"
+divides the goal by the slowest of the row's columns (> 1: within the goal).
 
-The folder has no ``calls.sqlite``: the viewer never reads it.
+The folder has no ``calls.sqlite``: the viewer never reads it. Validation records every 10
+steps come with their trajectories (8 groups x 2); checkpoints are stubs (the viewer only
+lists them and reads ``trainer_state.json``).
 
 Run:  .venv/bin/python benchmarks/ui.py [--steps 100] [--rollouts 64] [--repeats 20]
           [--path DIR (write the folder there, or reuse the one written there before)]
@@ -42,7 +46,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +223,7 @@ class Writer:
                     "you get an email within the hour."
                 )
                 reply, finish = {"role": "assistant", "content": text}, "stop"
-            completion = self.encode(text) + [2]  # <|im_end|>
+            completion = [*self.encode(text), 2]  # <|im_end|>
             latency = rng.uniform(0.4, 2.5)
             calls.append(
                 {
@@ -301,9 +304,7 @@ class Writer:
         lines, signal, rewards_all, trained_tokens = [], [], [], 0
         skipped = 0
         for group in range(groups):
-            scenario, task = self.task(
-                group if split == "val" else (step * groups + group) % 400
-            )
+            scenario, task = self.task(group if split == "val" else (step * groups + group) % 400)
             skill = min(0.9, 0.15 + step / 120)
             if self.rng.random() < 0.06:  # all equal: GRPO learns nothing from it
                 rewards = [float(self.rng.random() < skill)] * size
@@ -607,7 +608,9 @@ class Pages:
 def rollout_ids(art: Path, step: int) -> list[str]:
     path = model_folder(art) / "trajectories" / "train" / f"{step:04d}.jsonl"
     return [
-        t["id"] for line in path.read_bytes().splitlines() for t in orjson.loads(line)["trajectories"]
+        t["id"]
+        for line in path.read_bytes().splitlines()
+        for t in orjson.loads(line)["trajectories"]
     ]
 
 
@@ -623,6 +626,10 @@ def check_replies(pages: Pages) -> None:
         raise RuntimeError(f"the viewer found no tokenizer: {tokens.get('tokenizer')}")
 
 
+class BrowserUnavailable(RuntimeError):
+    """The browser could not be started (the column is skipped, with this reason)."""
+
+
 def browser_unavailable() -> str | None:
     if not Path(CHROMIUM).exists():
         return f"no {CHROMIUM}"
@@ -633,36 +640,88 @@ def browser_unavailable() -> str | None:
     return None
 
 
+# Set in the page before its own script runs: when each watched element first exists, and
+# the page's clock once the frame that shows it is drawn (ms since the navigation started).
+DRAWN_SCRIPT = """
+(() => {
+  const watched = ["#charts .chart svg", "#token-view"], seen = {};
+  window.__drawn = {};
+  window.__built = {};
+  new MutationObserver(() => {
+    for (const selector of watched) {
+      if (!seen[selector] && document.querySelector(selector)) {
+        seen[selector] = true;
+        window.__built[selector] = performance.now();
+        requestAnimationFrame(() => setTimeout(() => {
+          window.__drawn[selector] = performance.now();
+        }, 0));
+      }
+    }
+  }).observe(document, {childList: true, subtree: true});
+})();
+"""
+RUN_DRAWN, ROLLOUT_DRAWN = "#charts .chart svg", "#token-view"
+# Where the page's time went (its clock, ms from the navigation's start).
+PHASES_SCRIPT = """
+(selector) => {
+  const navigation = performance.getEntriesByType("navigation")[0];
+  const api = performance.getEntriesByType("resource").find(r => r.name.includes("/api/"));
+  return {
+    "HTML received": navigation.responseEnd,
+    "scripts run (DOMContentLoaded)": navigation.domContentLoadedEventEnd,
+    "API asked": api ? api.startTime : null,
+    "API replied": api ? api.responseEnd : null,
+    "element built": window.__built[selector],
+    "drawn": window.__drawn[selector],
+  };
+}
+"""
+
+
 def browser_times(
     url: str, repeats: int, run_page: str, rollouts: list[str], cold_rollouts: list[str]
-) -> dict[str, list[float]]:
-    """Headless chromium: navigation until the page is drawn, per page."""
+) -> dict[str, dict[str, list[float]]]:
+    """Headless chromium, per page: ``page`` (the page's own clock from the navigation's start
+    until the frame showing the element is drawn), the phases before it (``PHASES_SCRIPT``)
+    and ``wall`` (playwright's ``goto`` until ``wait_for_selector`` returns here: adds the
+    driver's round trips)."""
     from playwright.sync_api import sync_playwright
 
-    times: dict[str, list[float]] = {"run": [], "rollout": [], "rollout cold": []}
+    kinds = ("run", "rollout", "rollout cold")
+    times: dict[str, dict[str, list[float]]] = {k: {} for k in kinds}
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_context().new_page()
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        except Exception as exc:  # e.g. a chromium that cannot start here: no column
+            raise BrowserUnavailable(f"{CHROMIUM} does not start: {exc}") from exc
+        try:
+            context = browser.new_context()
+            context.add_init_script(DRAWN_SCRIPT)
+            page = context.new_page()
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
 
-            def navigate(path: str, selector: str) -> float:
+            def navigate(kind: str | None, path: str, selector: str) -> None:
                 started = time.perf_counter()
                 page.goto(url + path, wait_until="commit")
                 page.wait_for_selector(selector, state="attached", timeout=60_000)
-                elapsed = (time.perf_counter() - started) * 1000
+                wall = (time.perf_counter() - started) * 1000
+                page.wait_for_function("s => window.__drawn[s]", arg=selector, timeout=60_000)
+                phases = page.evaluate(PHASES_SCRIPT, selector)
                 if page.query_selector("#page-error") or errors:
                     raise RuntimeError(f"{path}: the page failed: {errors}")
-                return elapsed
+                if kind is not None:
+                    for phase, value in [*phases.items(), ("wall", wall)]:
+                        if value is not None:
+                            times[kind].setdefault(phase, []).append(float(value))
 
-            navigate(run_page, "#charts .chart svg")  # the browser's own first start
+            navigate(None, run_page, RUN_DRAWN)  # the browser's own first start
             for path in cold_rollouts:
-                times["rollout cold"].append(navigate(path, "#token-view"))
+                navigate("rollout cold", path, ROLLOUT_DRAWN)
             for _ in range(repeats):
-                times["run"].append(navigate(run_page, "#charts .chart svg"))
+                navigate("run", run_page, RUN_DRAWN)
             for number in range(repeats):
-                times["rollout"].append(navigate(rollouts[number % len(rollouts)], "#token-view"))
+                navigate("rollout", rollouts[number % len(rollouts)], ROLLOUT_DRAWN)
         finally:
             browser.close()
     return times
@@ -676,6 +735,16 @@ def cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}" if value >= 10 else f"{value:.1f}"
 
 
+def server_rss(pid: int) -> str:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return f"{int(line.split()[1]) / 1024:.0f} MiB"
+    except (OSError, ValueError):
+        pass
+    return "?"
+
+
 def measure(art: Path, steps: list[int], repeats: int, browser: bool) -> None:
     shuffled = random.Random(1).sample(steps, len(steps))
     cold_count = max(1, min(5, len(steps) // 3))
@@ -683,8 +752,12 @@ def measure(art: Path, steps: list[int], repeats: int, browser: bool) -> None:
     rollout_cold = shuffled[cold_count : 2 * cold_count]
     browser_cold = shuffled[2 * cold_count : 3 * cold_count]
     pick = random.Random(2)
+    reason = None if browser else "--no-browser"
+    reason = reason or browser_unavailable()
+    in_browser: dict[str, dict[str, list[float]]] = {}
     process, url = start_viewer(art)
     try:
+        rss_started = server_rss(process.pid)
         with httpx.Client(base_url=url, timeout=120) as client:
             pages = Pages(client)
             cold: dict[str, list[float]] = {"run": [pages.run()], "step": [], "rollout": []}
@@ -692,9 +765,8 @@ def measure(art: Path, steps: list[int], repeats: int, browser: bool) -> None:
                 cold["step"].append(pages.step(step))
             opened = {}
             for step in rollout_cold:
-                ids = rollout_ids(art, step)
-                opened[step] = ids
-                cold["rollout"].append(pages.rollout(step, pick.choice(ids)))
+                opened[step] = rollout_ids(art, step)
+                cold["rollout"].append(pages.rollout(step, pick.choice(opened[step])))
             check_replies(pages)
             warm: dict[str, list[float]] = {"run": [], "step": [], "rollout": []}
             for number in range(repeats):
@@ -703,64 +775,78 @@ def measure(art: Path, steps: list[int], repeats: int, browser: bool) -> None:
                 step = rollout_cold[number % len(rollout_cold)]
                 warm["rollout"].append(pages.rollout(step, pick.choice(opened[step])))
             check_replies(pages)
-            in_browser: dict[str, list[float]] = {}
-            reason = None if browser else "--no-browser"
-            reason = reason or browser_unavailable()
-            if reason is None:
-                model = f"{PROJECT}/{NAME}"
-                warm_paths = [
-                    f"/rollout/{model}/train/{s}/{pick.choice(opened[s])}" for s in rollout_cold
-                ]
-                cold_paths = [
-                    f"/rollout/{model}/train/{s}/{pick.choice(rollout_ids(art, s))}"
-                    for s in browser_cold
-                ]
+        if reason is None:
+            model = f"{PROJECT}/{NAME}"
+            warm_paths = [
+                f"/rollout/{model}/train/{s}/{pick.choice(opened[s])}" for s in rollout_cold
+            ]
+            cold_paths = [
+                f"/rollout/{model}/train/{s}/{pick.choice(rollout_ids(art, s))}"
+                for s in browser_cold
+            ]
+            try:
                 in_browser = browser_times(url, repeats, f"/run/{model}", warm_paths, cold_paths)
-        rss = next(
-            (
-                line.split()[1]
-                for line in Path(f"/proc/{process.pid}/status").read_text().splitlines()
-                if line.startswith("VmRSS:")
-            ),
-            "?",
-        )
+            except BrowserUnavailable as exc:
+                reason = str(exc).splitlines()[0]
+        rss = server_rss(process.pid)
     finally:
         stop(process, grace_s=5)
+
+    def shown(kind: str, what: str = "drawn") -> float | None:
+        return median(in_browser[kind][what]) if in_browser else None
+
+    rows = [
+        ("run page (HTML + run API)", "run", cold["run"], warm["run"], shown("run")),
+        ("step page (step API)", "step", cold["step"], warm["step"], None),
+        (
+            "rollout page (HTML + rollout API)",
+            "rollout",
+            cold["rollout"],
+            warm["rollout"],
+            shown("rollout"),
+        ),
+        (
+            "rollout page, direct link to a step not opened",
+            "rollout",
+            cold["rollout"],
+            [],
+            shown("rollout cold"),
+        ),
+    ]
     print(
-        f"\nart-core ui over HTTP on loopback (a child process), warm = median of {repeats}; "
-        f"cold step/rollout = median over {cold_count} steps not opened before"
+        f"\nart-core ui (a child process) over HTTP on loopback: cold = first request after "
+        f"start (step and rollout pages: median over {cold_count} steps not opened before), "
+        f"warm = median of {repeats}; browser = headless chromium, navigation until drawn, "
+        f"median of {repeats if in_browser else 0}"
     )
     print("| page | cold ms | warm ms (median) | browser ms | goal ms | goal / ours |")
     print("|---|---|---|---|---|---|")
-    labels = {
-        "run": "run page (HTML + run API)",
-        "step": "step page (step API)",
-        "rollout": "rollout page (HTML + rollout API)",
-    }
-    for kind, label in labels.items():
-        values = [median(cold[kind]), median(warm[kind]), median(in_browser.get(kind, []))]
+    for label, kind, cold_ms, warm_ms, browser_ms in rows:
+        values = [median(cold_ms), median(warm_ms), browser_ms]
         goal = GOALS_MS.get(kind)
         slowest = max(v for v in values if v is not None)
         ratio = f"{goal / slowest:.1f}" if goal else "-"
         print(f"| {label} | {' | '.join(cell(v) for v in values)} | {cell(goal)} | {ratio} |")
     print(
-        f"\nfirst request of each kind after start (ms): run {cold['run'][0]:.0f}, "
-        f"step {cold['step'][0]:.0f}, rollout {cold['rollout'][0]:.0f} (loads the tokenizer); "
-        f"cold rollouts: {', '.join(f'{v:.0f}' for v in cold['rollout'])}"
+        f"\ngoal / ours: the goal over the slowest of the row's columns. First request of each "
+        f"kind after start: run {cold['run'][0]:.0f} ms, step {cold['step'][0]:.0f} ms, "
+        f"rollout {cold['rollout'][0]:.0f} ms (also loads the tokenizer); cold rollouts "
+        f"{', '.join(f'{v:.0f}' for v in cold['rollout'])} ms"
     )
-    memory = f"{int(rss) / 1024:.0f} MiB" if rss.isdigit() else "?"
     print(
         "reply sizes: "
         + ", ".join(f"{kind} API {size / 1024:.0f} KiB" for kind, size in pages.sizes.items())
-        + f"; server RSS after all requests {memory}"
+        + f"; server RSS {rss_started} at start, {rss} after every request"
     )
     if in_browser:
         print(
-            "browser: navigation until the run page's first chart / the rollout's token view "
-            f"(headless chromium); a rollout of a step not opened before: "
-            f"{cell(median(in_browser['rollout cold']))} ms (median of "
-            f"{len(in_browser['rollout cold'])})"
+            "browser ms: the page's own clock from the navigation's start to the frame that "
+            "shows the run page's first chart / the rollout's token view (playwright's wall "
+            "clock around it adds its driver's round trips). In the page, median ms from the "
+            "navigation's start:"
         )
+        for kind, phases in in_browser.items():
+            print(f"  {kind}: " + ", ".join(f"{k} {cell(median(v))}" for k, v in phases.items()))
     else:
         print(f"browser column skipped: {reason}")
 

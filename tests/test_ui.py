@@ -117,6 +117,8 @@ def test_rollout_shows_exact_tool_calls_and_trained_tokens(
             "arguments": tool_call["function"]["arguments"],
         }
     ]
+    assert assistant[0]["framework"] == {"langgraph_node": "agent"}
+    assert assistant[1]["framework"] == {}
     [tool] = [m for m in page["messages"] if m["role"] == "tool"]
     assert tool["content"] == second.messages[-1]["content"]
     assert [m["kind"] for m in page["messages"]].count("branch") == 0

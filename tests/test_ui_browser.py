@@ -194,6 +194,8 @@ async def test_rollout_shows_tool_calls_and_the_advantage_sign_of_each_token(
     shown = page.locator(f'.toolcall[data-tool="{tool_call["function"]["name"]}"] .args')
     assert await shown.inner_text() == tool_call["function"]["arguments"]
     assert json.loads(await shown.inner_text()) == json.loads(tool_call["function"]["arguments"])
+    node = page.locator('.msg[data-role="assistant"] .framework[data-key="langgraph_node"]')
+    assert await node.inner_text() == "langgraph_node: agent"
     tool = page.locator('.msg[data-role="tool"] pre')
     assert await tool.inner_text() == second.messages[-1]["content"]
 

@@ -46,6 +46,8 @@ async def tool_rollout(model: art.TrainableModel, prompt: str, seed: int) -> art
             tools=[WEATHER_TOOL],  # type: ignore[list-item]
             tool_choice="required",
             parallel_tool_calls=False,
+            # What an integration adds to every call (here as LangGraph's node would be).
+            extra_headers={"x-art-metadata": json.dumps({"langgraph_node": "agent"})},
             max_tokens=64,
             temperature=1.0,
             seed=seed,

@@ -15,6 +15,8 @@ Example:
     >>> result = trainer.train_step(groups, TrainConfig(learning_rate=1e-5))   # doctest: +SKIP
 """
 
+from typing import TYPE_CHECKING, Any
+
 from art_core.training.config import (
     DEFAULT_LORA_TARGET_MODULES,
     SFTConfig,
@@ -22,7 +24,20 @@ from art_core.training.config import (
     TrainingSettings,
     TrainResult,
 )
-from art_core.training.trainer import Trainer
+
+if TYPE_CHECKING:
+    from art_core.training.trainer import Trainer
+
+
+def __getattr__(name: str) -> Any:
+    # ``Trainer`` imports torch (about 2 s): loaded when first asked for, so the modules that
+    # only read records (``sequences``, ``advantages``; the viewer) start without it.
+    if name == "Trainer":
+        from art_core.training.trainer import Trainer
+
+        return Trainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_LORA_TARGET_MODULES",

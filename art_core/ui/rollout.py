@@ -29,6 +29,16 @@ from art_core.ui.tokens import text_of, token_texts
 
 # Context runs longer than this are shown by their two ends (a 25k-token agent prompt).
 MAX_CONTEXT_CHARS = 20_000
+# Call metadata the integrations record that says where in the agent a reply was made: shown
+# next to the reply (all metadata is in the calls table).
+FRAMEWORK_KEYS = (
+    "langgraph_node",
+    "langgraph_node_path",
+    "agent_name",
+    "agent",
+    "mcp_server",
+    "mcp_tools_called",
+)
 # Metadata values longer than this (as JSON) are cut in the view.
 MAX_METADATA_CHARS = 4_000
 
@@ -114,6 +124,8 @@ def conversation(trajectory: dict[str, Any]) -> list[dict[str, Any]]:
         reply = call.get("response_message") or {"role": "assistant", "content": ""}
         entry = _message(reply, number, "sampled")
         entry["finish_reason"] = call.get("finish_reason")
+        metadata = as_dict(call.get("metadata"))
+        entry["framework"] = {k: _short(metadata[k]) for k in FRAMEWORK_KEYS if k in metadata}
         shown.append(entry)
         seen = [*messages, reply]
     return shown

@@ -21,8 +21,23 @@ from art_core.ui.folder import ModelRef, model_info
 logger = logging.getLogger(__name__)
 
 
+def _stamp(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
 def tokenizer_candidates(model: ModelRef, art_path: Path) -> list[Path]:
-    """Folders that may hold the model's ``tokenizer.json``, most specific first."""
+    """Folders that may hold the model's ``tokenizer.json``, most specific first (looked up
+    again only when the checkpoints folder or ``model.json`` changed: finding the latest
+    checkpoint checks every checkpoint folder's files)."""
+    stamps = (_stamp(model.folder.checkpoints), _stamp(model.folder.model_json))
+    return list(_candidates(model, art_path, stamps))
+
+
+@functools.lru_cache(maxsize=64)
+def _candidates(model: ModelRef, art_path: Path, stamps: tuple[int, int]) -> tuple[Path, ...]:
     candidates: list[Path] = []
     latest = model.folder.latest_checkpoint()
     if latest is not None:
@@ -39,7 +54,7 @@ def tokenizer_candidates(model: ModelRef, art_path: Path) -> list[Path]:
             if "/" not in name and name not in (".", ".."):
                 candidates.append(root / name)
         candidates.append(Path(name).expanduser())
-    return candidates
+    return tuple(candidates)
 
 
 @functools.lru_cache(maxsize=16)
