@@ -97,6 +97,35 @@ def test_step_table_holds_every_rollout_with_its_advantage(
         else:
             assert [r["advantage"] for r in rows] == pytest.approx(advantages)
     assert [g["scenario"] for g in page["groups"]] == PROMPTS
+    assert [g["ids"] for g in page["groups"]] == [[t.id for t in g] for g in groups]
+
+
+def test_step_table_is_filtered_sorted_and_paged_by_the_server(viewer: httpx.Client) -> None:
+    url = "/api/runs/ui/ui-agent/steps/train/1"
+    everything = viewer.get(url).json()
+    assert everything["total"] == everything["rollouts"] == len(PROMPTS) * GROUP_SIZE
+    by_reward = viewer.get(url, params={"sort": "reward", "desc": "1"}).json()["rows"]
+    rewards = [r["reward"] for r in by_reward]
+    assert rewards == sorted(rewards, reverse=True)
+    pages = [
+        viewer.get(url, params={"sort": "reward", "desc": "1", "offset": o, "limit": 3}).json()
+        for o in (0, 3, 6)
+    ]
+    assert [len(p["rows"]) for p in pages] == [3, 3, len(PROMPTS) * GROUP_SIZE - 6]
+    assert [r["id"] for p in pages for r in p["rows"]] == [r["id"] for r in by_reward]
+    lima = viewer.get(url, params={"q": "LIMA"}).json()
+    assert lima["total"] == GROUP_SIZE and {r["group"] for r in lima["rows"]} == {1}
+    assert viewer.get(url, params={"group": "0"}).json()["total"] == GROUP_SIZE
+    for params, message in (
+        ({"sort": "__class__"}, "sort must be one of"),
+        ({"limit": "0"}, "limit must be between 1 and 1000"),
+        ({"limit": "5000"}, "limit must be between 1 and 1000"),
+        ({"offset": "-1"}, "offset must be between"),
+        ({"offset": "x"}, "offset must be a whole number"),
+        ({"q": "x" * 201}, "q is longer than 200"),
+    ):
+        refused = viewer.get(url, params=params)
+        assert refused.status_code == 400 and message in refused.json()["error"], params
 
 
 def test_rollout_shows_exact_tool_calls_and_trained_tokens(

@@ -154,24 +154,32 @@ async def test_step_table_sorts_and_filters(
         cells = page.locator(f'#rollouts tbody td[data-key="{key}"]')
         return [float(t) for t in await cells.all_inner_texts()]
 
-    await page.click('#rollouts th[data-key="reward"]')
+    async def sort_by(key: str, direction: str) -> None:
+        await page.click(f'#rollouts th[data-key="{key}"]')
+        header = page.locator(f'#rollouts th[data-key="{key}"]')
+        await expect(header).to_have_attribute("data-sort", direction)
+
+    await sort_by("reward", "asc")
     ascending = await column("reward")
     assert ascending == sorted(ascending)
-    await page.click('#rollouts th[data-key="reward"]')
+    await sort_by("reward", "desc")
     descending = await column("reward")
     assert descending == sorted(ascending, reverse=True)
-    await page.click('#rollouts th[data-key="completion_tokens"]')
+    await sort_by("completion_tokens", "asc")
     tokens = await column("completion_tokens")
     assert tokens == sorted(tokens)
     recorded = sorted(t.reward for g in folder.read_trajectories("train", 1) for t in g)
     assert sorted(ascending) == recorded
 
     await page.select_option("#group-filter", "1")
-    assert await rows.count() == GROUP_SIZE
+    await expect(rows).to_have_count(GROUP_SIZE)
     await page.select_option("#group-filter", "")
+    await expect(rows).to_have_count(len(PROMPTS) * GROUP_SIZE)
     await page.fill("#filter", "Lima")
-    assert await rows.count() == GROUP_SIZE
+    await expect(rows).to_have_count(GROUP_SIZE)
+    await expect(page.locator("#row-count")).to_have_text(f"rows 1–{GROUP_SIZE} of {GROUP_SIZE}")
     await page.fill("#filter", "")
+    await expect(rows).to_have_count(len(PROMPTS) * GROUP_SIZE)
     await page.screenshot(path=str(shots / "ui-step.png"))
 
     await page.click("#groups a.show-group >> nth=0")
@@ -262,4 +270,40 @@ async def test_damaged_folder_shows_its_message(
         await page.wait_for_selector("#page-error")
         assert "no model nobody/here" in await page.inner_text("#page-error")
     # The refused fetches log their 404s; nothing threw.
+    assert not [e for e in tab.errors if e.startswith("uncaught")]
+
+
+async def test_hostile_record_is_shown_as_text(
+    tab: Page, folder: ModelFolder, tmp_path: Path
+) -> None:
+    """A model may write anything: markup in a reply, a tool name or a tool result is shown as
+    text, never run."""
+    copy = ModelFolder(tmp_path / "art" / "ui-browser" / "models" / "browser-agent")
+    shutil.copytree(folder.root, copy.root, ignore=shutil.ignore_patterns("checkpoints"))
+    lines = copy.trajectories("train", 0).read_text(encoding="utf-8").splitlines()
+    group = json.loads(lines[0])
+    trajectory = group["trajectories"][0]
+    first, second = sorted(trajectory["calls"], key=lambda c: c["index"])
+    markup = '<img src=x onerror="document.title=1"><script>document.title="pwned"</script>'
+    first["response_message"]["tool_calls"][0]["function"]["name"] = f'"><b>{markup}'
+    second["messages"][-1]["content"] = markup
+    second["response_message"] = {"role": "assistant", "content": markup}
+    trajectory["metadata"]["task"] = markup
+    lines[0] = json.dumps(group)
+    copy.trajectories("train", 0).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with ViewerServer(tmp_path / "art") as server:
+        page = tab.page
+        await page.goto(f"{server.url}/rollout/ui-browser/browser-agent/train/0/{trajectory['id']}")
+        await page.wait_for_selector(".msg")
+        await page.wait_for_selector("#token-view")
+        assert await page.locator("main img, main script").count() == 0
+        shown_name = await page.locator(".toolcall > b").first.inner_text()
+        assert shown_name == f'"><b>{markup}'
+        texts = await page.locator('.msg[data-role="tool"] pre').all_inner_texts()
+        assert texts == [markup]
+        await page.goto(f"{server.url}/step/ui-browser/browser-agent/train/0")
+        await page.wait_for_selector("#rollouts tbody tr")
+        assert await page.locator("main img, main script").count() == 0
+        assert markup in await page.locator("#rollouts").inner_text()
+        assert await page.title() == "art-core ui"
     assert not [e for e in tab.errors if e.startswith("uncaught")]

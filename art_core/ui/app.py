@@ -34,6 +34,7 @@ from art_core.ui.curves import curve_csv, metric_curve, recorded_metrics, run_cu
 from art_core.ui.folder import ArtFolder, ModelRef, NotFound, read_history, run_summary, step_files
 from art_core.ui.rollout import call_details, conversation, read_signal, token_view
 from art_core.ui.steps import StepCache
+from art_core.ui.table import TableQuery, TableQueryError
 from art_core.ui.tokens import find_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -88,10 +89,10 @@ class Viewer:
     async def _answer(self, request: Request, function: Callable[..., Any], *args: Any) -> Response:
         try:
             result = await self._run(function, *args)
-        except BadRequest as exc:
-            return _error(str(exc), 400)
         except NotFound as exc:
             return _error(str(exc), 404)
+        except (BadRequest, TableQueryError) as exc:
+            return _error(str(exc), 400)
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             # A damaged record the readers did not expect: name it, keep serving.
             logger.warning("ui: %s failed: %s", request.url.path, exc)
@@ -189,16 +190,22 @@ class Viewer:
         signal, signal_problems = read_signal(
             model.folder / "signals" / split / f"{step:04d}.jsonl"
         )
+        query = TableQuery.parse(request.query_params)
         rows = []
         for row in index.rows:
             record = signal.get(row["id"])
             rows.append({**row, "advantage": record.get("advantage") if record else None})
+        page, total = query.apply(rows)
         return {
             "project": model.project,
             "name": model.name,
             "split": split,
             "step": step,
-            "rows": rows,
+            "rows": page,
+            "total": total,
+            "rollouts": len(rows),
+            "offset": query.offset,
+            "limit": query.limit,
             "groups": index.groups,
             "exceptions": index.exceptions,
             "signal_recorded": bool(signal),

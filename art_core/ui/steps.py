@@ -223,6 +223,7 @@ def build_index(path: Path) -> StepIndex:
         index.groups.append(
             {
                 "group": number,
+                "ids": [str(t.get("id", "")) for t in trajectories if isinstance(t, dict)],
                 "scenario": scenario_key(group),
                 "task": task_text(trajectories[0]) if trajectories else "",
                 "rollouts": len(trajectories),

@@ -187,37 +187,42 @@ const STEP_COLUMNS = [
   ["task", "task", false], ["ruler_explanation", "RULER explanation", false],
 ];
 
+const PAGE_ROWS = 100;
+
 async function stepPage(project, name, split, step) {
   const model = modelPath(project, name);
+  const base = `runs/${model}/steps/${enc(split)}/${enc(step)}`;
   setCrumbs(["runs", page("")], [`${project}/${name}`, page(`run/${model}`)], [`${split} step ${step}`, null]);
-  const data = await api(`runs/${model}/steps/${enc(split)}/${enc(step)}`);
-  let sortKey = "group", sortDir = "asc", filter = "", groupFilter = "";
+  // The server filters, sorts and pages the rows: a step may hold thousands of rollouts.
+  const state = {sort: "group", desc: false, q: "", group: "", offset: 0};
+  const query = () => `${base}?sort=${enc(state.sort)}&desc=${state.desc ? 1 : 0}&q=${enc(state.q)}` +
+    `&group=${enc(state.group)}&offset=${state.offset}&limit=${PAGE_ROWS}`;
+  let data = await api(query());
   const tbody = h("tbody", {});
+  const pager = h("div", {class: "toolbar", id: "pager"});
   const head = h("tr", {}, STEP_COLUMNS.map(([key, label, num]) =>
     h("th", {class: num ? "num" : null, dataset: {key}}, label)));
+  let pending = 0;
+  async function reload() {
+    const ticket = ++pending;
+    const fresh = await api(query());
+    if (ticket === pending) { data = fresh; draw(); }
+  }
   head.addEventListener("click", event => {
     const th = event.target.closest("th");
     if (!th) { return; }
-    sortDir = (sortKey === th.dataset.key && sortDir === "asc") ? "desc" : "asc";
-    sortKey = th.dataset.key;
-    draw();
+    state.desc = state.sort === th.dataset.key && !state.desc;
+    state.sort = th.dataset.key;
+    state.offset = 0;
+    reload().catch(failed);
   });
   function value(row, key) {
     const v = row[key];
     return Array.isArray(v) ? v.join(",") : v;
   }
   function draw() {
-    for (const th of head.children) { th.dataset.sort = th.dataset.key === sortKey ? sortDir : ""; }
-    const needle = filter.toLowerCase();
-    const rows = data.rows.filter(r => (!groupFilter || String(r.group) === groupFilter) &&
-      (!needle || JSON.stringify(r).toLowerCase().includes(needle)));
-    rows.sort((x, y) => {
-      const a = value(x, sortKey), b = value(y, sortKey);
-      const order = (a === null || a === undefined) ? 1 : (b === null || b === undefined) ? -1 :
-        (typeof a === "number" && typeof b === "number") ? a - b : String(a).localeCompare(String(b));
-      return (sortDir === "asc" ? order : -order) || (x.group - y.group) || (x.index - y.index);
-    });
-    tbody.replaceChildren(...rows.map(r => h("tr", {dataset: {id: r.id}, class: r.exception ? "exception" : null},
+    for (const th of head.children) { th.dataset.sort = th.dataset.key === state.sort ? (state.desc ? "desc" : "asc") : ""; }
+    tbody.replaceChildren(...data.rows.map(r => h("tr", {dataset: {id: r.id}, class: r.exception ? "exception" : null},
       STEP_COLUMNS.map(([key, , num]) => {
         const cell = h("td", {class: num ? "num" : null, dataset: {key}});
         if (key === "index") {
@@ -225,10 +230,16 @@ async function stepPage(project, name, split, step) {
         } else { cell.textContent = fmt(value(r, key)); }
         return cell;
       }))));
+    const last = Math.min(data.offset + data.rows.length, data.total);
+    const move = delta => h("a", {href: "#", onclick: e => { e.preventDefault(); state.offset = Math.max(0, state.offset + delta); reload().catch(failed); }},
+      delta < 0 ? "‹ previous rows" : "next rows ›");
+    pager.replaceChildren(h("span", {id: "row-count"}, data.total ? `rows ${data.offset + 1}–${last} of ${data.total}` : "no rollout matches"),
+      data.offset > 0 ? move(-PAGE_ROWS) : null, last < data.total ? move(PAGE_ROWS) : null);
   }
+  let typing = null;
   const search = h("input", {id: "filter", type: "search", placeholder: "filter (any text of a row)",
-    oninput: () => { filter = search.value; draw(); }});
-  const groups = h("select", {id: "group-filter", onchange: () => { groupFilter = groups.value; draw(); }},
+    oninput: () => { clearTimeout(typing); typing = setTimeout(() => { state.q = search.value; state.offset = 0; reload().catch(failed); }, 150); }});
+  const groups = h("select", {id: "group-filter", onchange: () => { state.group = groups.value; state.offset = 0; reload().catch(failed); }},
     h("option", {value: ""}, "all groups"), data.groups.map(g => h("option", {value: g.group}, `group ${g.group}`)));
   const nav = h("span", {}, data.steps.includes(Number(step) - 1) ? h("a", {href: page(`step/${model}/${enc(split)}/${Number(step) - 1}`)}, "‹ previous step") : null,
     " ", data.steps.includes(Number(step) + 1) ? h("a", {href: page(`step/${model}/${enc(split)}/${Number(step) + 1}`)}, "next step ›") : null);
@@ -239,12 +250,11 @@ async function stepPage(project, name, split, step) {
       h("td", {class: "num"}, g.group), h("td", {}, g.task), h("td", {class: "num"}, g.rollouts),
       h("td", {}, g.rewards.map(fmt).join(", ")), h("td", {class: "num"}, fmt(g.mean_reward)),
       h("td", {}, g.all_equal ? "all equal: nothing learned" : (g.rewards.length > 1 ? "yes" : "")),
-      h("td", {}, h("a", {href: "#", class: "show-group", onclick: e => { e.preventDefault(); showGroup(g.group); }}, "side by side"))))));
-  async function showGroup(number) {
-    const ids = data.rows.filter(r => r.group === number).map(r => r.id);
-    sideBySide.replaceChildren(h("h2", {}, `Group ${number}, side by side`), h("p", {class: "muted"}, "Loading…"));
-    const rollouts = await Promise.all(ids.map(id => api(`runs/${model}/steps/${enc(split)}/${enc(step)}/rollouts/${enc(id)}`)));
-    sideBySide.replaceChildren(h("h2", {}, `Group ${number}, side by side`),
+      h("td", {}, h("a", {href: "#", class: "show-group", onclick: e => { e.preventDefault(); showGroup(g).catch(failed); }}, "side by side"))))));
+  async function showGroup(group) {
+    sideBySide.replaceChildren(h("h2", {}, `Group ${group.group}, side by side`), h("p", {class: "muted"}, "Loading…"));
+    const rollouts = await Promise.all(group.ids.map(id => api(`${base}/rollouts/${enc(id)}`)));
+    sideBySide.replaceChildren(h("h2", {}, `Group ${group.group}, side by side`),
       h("div", {class: "side"}, rollouts.map(r => h("div", {},
         h("p", {}, h("a", {href: page(`rollout/${model}/${enc(split)}/${enc(step)}/${enc(r.summary.id)}`)}, `rollout ${r.summary.index}`),
           ` reward ${fmt(r.summary.reward)}`),
@@ -252,11 +262,11 @@ async function stepPage(project, name, split, step) {
     sideBySide.scrollIntoView();
   }
   show(h("h1", {}, `${project}/${name} · ${split} step ${step}`), nav,
-    h("p", {class: "muted"}, `${data.rows.length} rollouts in ${data.groups.length} groups, ${data.exceptions.length} failed` +
+    h("p", {class: "muted"}, `${data.rollouts} rollouts in ${data.groups.length} groups, ${data.exceptions.length} failed` +
       (data.signal_recorded ? "" : (split === "train" ? " · no training signal recorded for this step" : ""))),
     ...problems(data.problems),
     h("div", {class: "toolbar"}, search, groups),
-    h("div", {class: "scroll"}, h("table", {id: "rollouts"}, h("thead", {}, head), tbody)),
+    h("div", {class: "scroll"}, h("table", {id: "rollouts"}, h("thead", {}, head), tbody)), pager,
     data.exceptions.length ? [h("h2", {}, "Failed rollouts"), ...data.exceptions.map(e =>
       h("details", {class: "exception"}, h("summary", {}, `group ${e.group}: ${e.type}: ${e.message}`), h("pre", {class: "block"}, e.traceback)))] : null,
     h("h2", {}, "Groups"), groupCards, sideBySide);
