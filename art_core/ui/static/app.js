@@ -374,7 +374,9 @@ async function rolloutPage(project, name, split, step, id) {
 async function comparePage(params) {
   const a = params.get("a") || "", b = params.get("b") || "";
   setCrumbs(["runs", page("")], ["compare", null]);
-  const data = await api(`compare?a=${enc(a)}&b=${enc(b)}`);
+  let data;
+  try { data = await api(`compare?a=${enc(a)}&b=${enc(b)}`); }
+  catch (error) { data = {scenarios: [], problems: [error.message]}; }  // keep the form to fix it
   const [pa, na, sa, ta] = a.split("/"), [pb, nb, sb, tb] = b.split("/");
   const left = h("div", {id: "compare-a-view"}), right = h("div", {id: "compare-b-view"});
   async function load(scenario, side, [p, n, s, t], box, chosen) {
@@ -397,7 +399,14 @@ async function comparePage(params) {
     h("td", {}, h("a", {href: "#", class: "scenario", onclick: e => { e.preventDefault(); open(sc).catch(failed); }}, sc.task || sc.scenario)),
     h("td", {class: "num"}, fmt(sc.a.mean_reward)), h("td", {class: "num"}, fmt(sc.b.mean_reward)),
     h("td", {class: "num"}, sc.a.mean_reward !== null && sc.b.mean_reward !== null ? fmt(sc.b.mean_reward - sc.a.mean_reward) : "")));
-  show(h("h1", {}, "Compare"), h("p", {}, `A: ${a} · B: ${b}`), ...problems(data.problems),
+  // Either side may be any model's step: project/model/split/step.
+  const inputA = h("input", {id: "compare-input-a", value: a, size: 40});
+  const inputB = h("input", {id: "compare-input-b", value: b, size: 40});
+  const go = h("button", {id: "compare-submit", onclick: () => {
+    history.pushState(null, "", page(`compare?a=${enc(inputA.value)}&b=${enc(inputB.value)}`));
+    route();
+  }}, "compare");
+  show(h("h1", {}, "Compare"), h("p", {class: "toolbar"}, "A ", inputA, " B ", inputB, go), ...problems(data.problems),
     rows.length ? h("table", {id: "scenarios"}, h("thead", {}, h("tr", {}, ["scenario", "A mean reward", "B mean reward", "B − A"].map(x => h("th", {}, x)))), h("tbody", {}, rows))
       : h("p", {class: "muted"}, "No scenario was run at both: compare steps that share scenarios (validation steps always do)."),
     h("div", {class: "grid2"}, left, right));
