@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
     from art_core.backends.base import Backend
+    from art_core.export import ExportFormat, ExportResult
     from art_core.sft.data import SFTData
     from art_core.training.config import SFTConfig, TrainConfig, TrainResult
 
@@ -241,3 +243,36 @@ class TrainableModel(Model[ModelConfig], Generic[ModelConfig]):
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
         """Delete all checkpoints but the latest and the best by ``best_checkpoint_metric``."""
         return await self.backend().delete_checkpoints(self, best_checkpoint_metric)  # type: ignore[arg-type]
+
+    async def export(
+        self,
+        out: str | Path,
+        *,
+        format: ExportFormat = "peft",
+        step: int | None = None,
+        best: str | None = None,
+        higher_is_better: bool | None = None,
+        overwrite: bool = False,
+        gguf_type: str = "f16",
+    ) -> ExportResult:
+        """Export a checkpoint to the folder ``out``: ``format="peft"`` (the LoRA adapter),
+        ``"merged"`` (base + adapter, a plain Hugging Face model) or ``"gguf"``. The
+        checkpoint is ``step``, else the best by the history metric ``best``, else the
+        latest; ``out`` must not exist unless ``overwrite``. Writes ``out/export.json``.
+
+        Example:
+            >>> result = await model.export("exports/agent", format="merged",
+            ...                              best="val/reward")  # doctest: +SKIP
+            >>> result.step  # doctest: +SKIP
+            3
+        """
+        return await self.backend().export(
+            self,  # type: ignore[arg-type]
+            out,
+            format=format,
+            step=step,
+            best=best,
+            higher_is_better=higher_is_better,
+            overwrite=overwrite,
+            gguf_type=gguf_type,
+        )

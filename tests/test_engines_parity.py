@@ -220,3 +220,42 @@ async def test_a_bad_request_fails_alone_among_concurrent_ones(
     assert isinstance(seed, EngineError) and isinstance(vocab, EngineError), (seed, vocab)
     assert isinstance(first, list) and len(first) == 1 and first[0].token_ids
     assert isinstance(pair, list) and len(pair) == 2
+
+
+async def test_a_peft_export_loads_in_the_engine(
+    served: tuple[art.LocalBackend, art.TrainableModel], tmp_path: Path
+) -> None:
+    """``art-core export --format peft`` writes a folder each engine's runtime loads as a
+    LoRA module (vLLM: the same loader as ``--lora-modules``) and serves as the checkpoint."""
+    from art_core.export import export_checkpoint
+
+    backend, model = served
+    engine = backend.engine(model)
+    folder = tmp_path / "art" / "tests" / "models" / "exported"
+    checkpoint = folder / "checkpoints" / "0001"
+    await asyncio.to_thread(make_adapter, Path(engine.model_path), checkpoint, 4)
+    (checkpoint / "trainer_state.json").write_text("{}")
+    (folder / "model.json").write_text(
+        json.dumps({"name": "exported", "project": "tests", "base_model": "smollm2-135m"})
+    )
+    result = await asyncio.to_thread(export_checkpoint, folder, tmp_path / "peft", format="peft")
+    assert (
+        json.loads((result.path / "adapter_config.json").read_text())["base_model_name_or_path"]
+        == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+    client = model.openai_client()
+    request = dict(
+        model=model.name,
+        messages=[{"role": "user", "content": "Name a colour."}],
+        max_tokens=12,
+        temperature=0.0,
+    )
+    served_ids = []
+    for path, step in ((checkpoint, 21), (result.path, 22)):
+        await backend.server.call(engine.pause())
+        await backend.server.call(engine.load_adapter(path, step))
+        await backend.server.call(engine.resume())
+        answer = await client.chat.completions.create(**request)
+        assert answer.choices[0].model_extra["adapter_step"] == step
+        served_ids.append(answer.choices[0].model_extra["token_ids"])
+    assert served_ids[0] == served_ids[1]

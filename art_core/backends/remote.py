@@ -17,8 +17,10 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -27,6 +29,7 @@ from tqdm.auto import tqdm
 
 from art_core.backends.base import BackendBase, ProgressCallback
 from art_core.chat_formats import chat_format_settings
+from art_core.export.api import ExportFormat, ExportResult
 from art_core.metrics import hooks as metric_hooks
 from art_core.tracing import hooks as tracing
 from art_core.trajectories import LLMCall, TrajectoryGroup, new_id, require_finished
@@ -42,6 +45,8 @@ _DROPPED = (httpx.TransportError,)
 # Failures where the request certainly was not processed: safe to resend anything.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _RETRY_STATUS = frozenset({502, 503, 504})
+# What an export download may be unless told otherwise (a merged 7B model in bf16 is ~15 GB).
+DEFAULT_MAX_EXPORT_BYTES = 64 * 1024**3
 logger = logging.getLogger(__name__)
 
 
@@ -502,6 +507,87 @@ class RemoteBackend(BackendBase):
             idempotent=True,  # deleting what is already gone deletes nothing more
         )
         return [int(step) for step in data["deleted"]]
+
+    # ------------------------------------------------------------------------------ export
+    async def export(
+        self,
+        model: TrainableModel,
+        out: str | Path,
+        *,
+        format: ExportFormat = "peft",
+        step: int | None = None,
+        best: str | None = None,
+        higher_is_better: bool | None = None,
+        overwrite: bool = False,
+        gguf_type: str = "f16",
+        max_bytes: int = DEFAULT_MAX_EXPORT_BYTES,
+    ) -> ExportResult:
+        """The server builds the export (as ``LocalBackend.export`` does there) and sends it
+        as one tar; it is downloaded and unpacked beside ``out``, checked (only files, no
+        path outside the folder, at most ``max_bytes``), then renamed into place. ``out``
+        existing is refused before anything is asked (unless ``overwrite``); a failure leaves
+        nothing at ``out``.
+
+        Example:
+            >>> await backend.export(model, "exports/agent", format="merged")  # doctest: +SKIP
+            ExportResult(path=PosixPath('/home/me/exports/agent'), format='merged', ...)
+        """
+        from art_core.export.archive import relocate, unpack
+        from art_core.export.manifest import MANIFEST_FILE
+        from art_core.export.staging import build_atomically, check_out, final_path, scratch_dir
+
+        target = final_path(out)
+        check_out(target, overwrite)
+        body = {
+            "format": format,
+            "step": step,
+            "best": best,
+            "higher_is_better": higher_is_better,
+            "gguf_type": gguf_type,
+        }
+        download = scratch_dir(target, "download")
+        archive = download / "export.tar"
+        try:
+            async with self._http().stream(
+                "POST",
+                f"{self._model_path(model)}/export",
+                content=json.dumps(body).encode(),
+                headers={"content-type": "application/json"},
+                # Building a merged model or a GGUF takes a while before the first byte.
+                timeout=httpx.Timeout(None, connect=10.0),
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    _raise_for(response)
+                length = int(response.headers.get("content-length") or 0)
+                if length > max_bytes:
+                    raise ValueError(
+                        f"the export is {length} bytes, more than max_bytes={max_bytes}"
+                    )
+                received = 0
+                with archive.open("wb") as file:
+                    async for chunk in response.aiter_bytes():
+                        received += len(chunk)
+                        if received > max_bytes:
+                            raise ValueError(f"the export is more than max_bytes={max_bytes}")
+                        await asyncio.to_thread(file.write, chunk)
+
+            def build(staging: Path) -> None:
+                unpack(archive, staging, max_bytes=max_bytes)
+                relocate(staging, target)
+
+            await asyncio.to_thread(build_atomically, target, build, overwrite=overwrite)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, download, True)
+        manifest = json.loads((target / MANIFEST_FILE).read_text(encoding="utf-8"))
+        base = manifest.get("base_model") or {}
+        return ExportResult(
+            path=target,
+            format=str(manifest.get("format", format)),
+            step=int(manifest["step"]),
+            base_model=str(base.get("hub_id") or base.get("name") or ""),
+            metrics=dict(manifest.get("metrics") or {}),
+        )
 
     async def close(self) -> None:
         """Close the HTTP connections (the server and its models keep running)."""

@@ -3,7 +3,7 @@
 ``POST /api/models/register``; per model (``/api/models/{project}/{name}``): ``GET``,
 ``GET /step``, ``POST /train`` (NDJSON progress, then the result), ``POST /train_sft`` (the
 same, for supervised epochs on demonstrations), ``POST /log``,
-``POST /delete_checkpoints``, ``GET /rollouts/{id}/calls``, ``POST /rollouts/{id}/release``;
+``POST /delete_checkpoints``, ``POST /export`` (the export as one tar), ``GET /rollouts/{id}/calls``, ``POST /rollouts/{id}/release``;
 ``GET /api/jobs/{id}`` and ``GET /api/jobs/{id}/events?after=N`` (reattach to a job's stream);
 ``GET /api/info``. Errors use the gateway's ``{"error": {...}}`` shape; 422 names the field.
 """
@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import math
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from art_core.server.errors import validation_body
 from art_core.server.jobs import Job
 from art_core.server.schemas import (
     DeleteCheckpointsRequest,
+    ExportRequest,
     FieldError,
     LogRequest,
     RegisterRequest,
@@ -38,13 +40,21 @@ from art_core.server.schemas import (
     TrainSFTRequest,
     to_groups,
 )
-from art_core.server.service import Conflict, ModelUnavailable, NotFound, Service
+from art_core.server.service import (
+    Conflict,
+    ExportRefused,
+    ModelUnavailable,
+    NotFound,
+    Service,
+)
 from art_core.trajectories import LLMCall
 
 logger = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
 NDJSON = "application/x-ndjson"
 MODEL = "/api/models/{project}/{name}"
+# An export is streamed in pieces of this size.
+EXPORT_CHUNK_BYTES = 1 << 20
 
 
 class BadRequest(Exception):
@@ -76,6 +86,8 @@ def _errors(handler: Handler) -> Handler:
             )
         except NotFound as exc:
             return json_response(error_body(str(exc), type="not_found_error"), 404)
+        except ExportRefused as exc:
+            return json_response(error_body(str(exc), type="invalid_request_error"), 400)
         except Conflict as exc:
             return json_response(error_body(str(exc), type="conflict_error"), 409)
         except ModelUnavailable as exc:
@@ -151,6 +163,7 @@ class ServiceAPI:
             Route(f"{MODEL}/train", _errors(self.train), methods=["POST"]),
             Route(f"{MODEL}/train_sft", _errors(self.train_sft), methods=["POST"]),
             Route(f"{MODEL}/log", _errors(self.log), methods=["POST"]),
+            Route(f"{MODEL}/export", _errors(self.export), methods=["POST"]),
             Route(
                 f"{MODEL}/delete_checkpoints", _errors(self.delete_checkpoints), methods=["POST"]
             ),
@@ -210,6 +223,29 @@ class ServiceAPI:
         model = await self._model(request)
         deleted = await self.service.delete_checkpoints(model, body.best_checkpoint_metric)
         return json_response({"deleted": deleted})
+
+    async def export(self, request: Request) -> Response:
+        """Build the export on this server and send it as one tar (``application/x-tar``,
+        with its length); the scratch copy is removed once sent (or the client went away)."""
+        _model_path(request)
+        body = ExportRequest.model_validate(await _json_body(request))
+        model = await self._model(request)
+        archive, scratch = await self.service.export(model, body)
+        size = archive.stat().st_size
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                with archive.open("rb") as file:
+                    while chunk := await asyncio.to_thread(file.read, EXPORT_CHUNK_BYTES):
+                        yield chunk
+            finally:
+                await asyncio.to_thread(shutil.rmtree, scratch, True)
+
+        return StreamingResponse(
+            chunks(),
+            media_type="application/x-tar",
+            headers={"content-length": str(size)},
+        )
 
     async def calls(self, request: Request) -> Response:
         _model_path(request)

@@ -28,6 +28,7 @@ from art_core.gateway.schemas import ChatCompletionRequest
 from art_core.server.api import MODEL, NDJSON
 from art_core.server.schemas import (
     DeleteCheckpointsRequest,
+    ExportRequest,
     LogRequest,
     RegisterRequest,
     TrainRequest,
@@ -50,6 +51,8 @@ class Operation:
     body: type[BaseModel] | None = None
     query: tuple[tuple[str, dict[str, Any]], ...] = ()
     streams: bool = False
+    # The media type of a success (None: NDJSON when it streams, else JSON).
+    media_type: str | None = None
     # The shape of its error bodies: OpenAI's, or Anthropic's (the Messages routes).
     errors: str = "openai"
 
@@ -108,6 +111,10 @@ def _operations() -> list[Operation]:
         Operation(
             "post", f"{MODEL}/delete_checkpoints", "Delete all but the latest and best",
             DeleteCheckpointsRequest,
+        ),
+        Operation(
+            "post", f"{MODEL}/export", "A checkpoint exported (peft, merged or gguf), as a tar",
+            ExportRequest, media_type="application/x-tar",
         ),
         Operation("get", f"{MODEL}/rollouts/{{rollout_id}}/calls", "A rollout's recorded calls"),
         Operation(
@@ -194,7 +201,11 @@ def openapi_document() -> dict[str, Any]:
             "responses": {
                 "200": {
                     "description": "OK",
-                    "content": {NDJSON if op.streams else "application/json": {"schema": {}}},
+                    "content": {
+                        op.media_type or (NDJSON if op.streams else "application/json"): {
+                            "schema": {}
+                        }
+                    },
                 },
                 "4XX": {
                     "description": "The request's own error, named",

@@ -9,7 +9,7 @@ field rather than a failure deep inside the trainer.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -149,6 +149,18 @@ class LogRequest(BaseModel):
     @classmethod
     def _split(cls, value: str) -> str:
         return check_name(value, "split")
+
+
+class ExportRequest(BaseModel):
+    """``POST /api/models/{project}/{name}/export``: which checkpoint, in which format."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["peft", "merged", "gguf"] = "peft"
+    step: int | None = Field(default=None, ge=1, le=10**9)
+    best: str | None = Field(default=None, min_length=1, max_length=256)
+    higher_is_better: bool | None = None
+    gguf_type: str = Field(default="f16", min_length=1, max_length=16)
 
 
 class DeleteCheckpointsRequest(BaseModel):

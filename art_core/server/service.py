@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import threading
 import time
 from collections import defaultdict
@@ -26,6 +27,7 @@ from art_core.names import check_name
 from art_core.server.jobs import Job, JobStore
 from art_core.server.registry import ModelRecord, ModelRegistry
 from art_core.server.schemas import (
+    ExportRequest,
     FieldError,
     RegisterRequest,
     TrainRequest,
@@ -50,6 +52,10 @@ class NotFound(LookupError):
 
 class Conflict(ValueError):
     """A request that contradicts the server's state (HTTP 409)."""
+
+
+class ExportRefused(ValueError):
+    """An export the model's folder cannot give (no such step, metric, format; HTTP 400)."""
 
 
 class ModelUnavailable(RuntimeError):
@@ -97,6 +103,8 @@ class Service:
         self._failed_loads: dict[str, tuple[float, str]] = {}
         # One lock per model name: training and checkpoint deletion of a model never interleave.
         self._model_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # Exports load a base model and write a copy of it: one at a time per server.
+        self._export_slot = asyncio.Semaphore(1)
         self.reconcile_jobs()
 
     # ------------------------------------------------------------------------------ models
@@ -345,6 +353,38 @@ class Service:
                     status="interrupted",
                 )
             self.jobs.save(job)
+
+    async def export(self, model: TrainableModel, request: ExportRequest) -> tuple[Path, Path]:
+        """Build the export ``request`` asks for and pack it as one tar; returns ``(the
+        archive, the scratch folder holding it)``: the caller streams the archive, then
+        removes the folder. One export at a time (each may load a base model into memory);
+        the scratch folder lives under the art folder's ``.exports/``, removed on failure.
+        A bad request (format, step, metric) raises ``ExportRefused`` before work starts."""
+        from art_core.export.archive import pack
+
+        async with self._export_slot:
+            scratch = self.path / ".exports" / new_id("export")
+            scratch.mkdir(parents=True)
+            try:
+                result = await self.backend.export(
+                    model,
+                    scratch / "export",
+                    format=request.format,
+                    step=request.step,
+                    best=request.best,
+                    higher_is_better=request.higher_is_better,
+                    gguf_type=request.gguf_type,
+                )
+                archive = scratch / "export.tar"
+                await asyncio.to_thread(pack, result.path, archive)
+            except (ValueError, FileNotFoundError) as exc:
+                await asyncio.to_thread(shutil.rmtree, scratch, True)
+                raise ExportRefused(scrub_paths(str(exc))) from exc
+            except BaseException:
+                await asyncio.to_thread(shutil.rmtree, scratch, True)
+                raise
+            await asyncio.to_thread(shutil.rmtree, scratch / "export", True)
+            return archive, scratch
 
     async def delete_checkpoints(self, model: TrainableModel, metric: str) -> list[int]:
         async with self.lock(model):

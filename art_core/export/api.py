@@ -1,0 +1,155 @@
+"""``export_checkpoint``: one checkpoint of a trained model, as a folder to take anywhere."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from art_core.export.manifest import write_manifest
+from art_core.export.merged import write_merged
+from art_core.export.peft_export import write_peft
+from art_core.export.select import choose_checkpoint, history_at, metrics_of
+from art_core.export.source import default_art_path, open_source, resolve_source
+from art_core.export.staging import build_atomically, check_out, final_path, scratch_dir
+from art_core.model_folder import ModelFolder
+
+ExportFormat = Literal["peft", "merged", "gguf"]
+FORMATS: tuple[str, ...] = get_args(ExportFormat)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What ``export_checkpoint`` wrote: the folder, its format, the checkpoint's step, the
+    base model (its hub id, else the name it was trained from) and the history metrics
+    recorded at that step."""
+
+    path: Path
+    format: str
+    step: int
+    base_model: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def export_checkpoint(
+    model_dir: str | Path | ModelFolder,
+    out: str | Path,
+    *,
+    format: ExportFormat = "peft",
+    step: int | None = None,
+    best: str | None = None,
+    higher_is_better: bool | None = None,
+    overwrite: bool = False,
+    art_path: str | Path | None = None,
+    gguf_type: str = "f16",
+) -> ExportResult:
+    """Export one checkpoint of the model in ``model_dir`` to the folder ``out``.
+
+    ``format``: ``"peft"`` (the LoRA adapter, loadable with ``PeftModel.from_pretrained``;
+    the base is named by its hub id, else copied into ``out/base``), ``"merged"`` (the base
+    with the adapter merged in, a plain Hugging Face model with the gateway's tokenizer and
+    chat template) or ``"gguf"`` (that merged model as ``{name}.gguf`` plus a ``Modelfile``,
+    in ``gguf_type``). The checkpoint: ``step``, else the best by the history metric
+    ``best`` (higher is better unless its name contains "loss", or as ``higher_is_better``
+    says), else the latest. ``art_path`` (default: the art folder ``model_dir`` lives in)
+    is where embedded base models are cached. Every export holds an ``export.json``.
+
+    The folder is built beside ``out`` and renamed into place: a failure leaves nothing at
+    ``out``; an existing ``out`` is refused unless ``overwrite``. Blocking (torch work):
+    from async code use ``asyncio.to_thread`` (``await model.export(...)`` does).
+
+    Raises ``ValueError`` (a bad format, step or metric, ``out`` inside the model folder,
+    both ``step`` and ``best``), ``FileNotFoundError`` (no model folder, no such checkpoint)
+    and ``FileExistsError`` (``out`` exists), each naming the problem.
+
+    Example:
+        >>> result = export_checkpoint(".art/demo/models/agent-001", "exports/agent",
+        ...                            format="merged", best="val/reward")  # doctest: +SKIP
+        >>> result.step, result.path  # doctest: +SKIP
+        (3, PosixPath('/home/me/exports/agent'))
+    """
+    if format not in FORMATS:
+        raise ValueError(f"unknown export format {format!r}: use one of {', '.join(FORMATS)}")
+    if format == "gguf":
+        from art_core.export.gguf import SUPPORTED_TYPES
+
+        if gguf_type not in SUPPORTED_TYPES:
+            raise ValueError(
+                f"unknown gguf_type {gguf_type!r}: use one of {', '.join(SUPPORTED_TYPES)}"
+            )
+    folder, meta = open_source(model_dir)
+    target = final_path(out)
+    if _inside(target, folder.checkpoints):
+        raise ValueError(f"out ({target}) must not be inside the model's checkpoints folder")
+    if _inside(folder.root, target):
+        raise ValueError(f"out ({target}) is or holds the model folder {folder.root}")
+    choice = choose_checkpoint(folder, step=step, best=best, higher_is_better=higher_is_better)
+    check_out(target, overwrite)
+    source = resolve_source(
+        folder, meta, Path(art_path) if art_path is not None else default_art_path(folder)
+    )
+    checkpoint = folder.checkpoint(choice.step)
+    records = history_at(folder, choice.step)
+    metrics = metrics_of(records)
+    base_json = source.base_json()
+
+    def build(staging: Path) -> None:
+        extra: dict[str, Any] = {}
+        if format == "peft":
+            base_json["referenced_as"] = write_peft(checkpoint, source, staging, target)
+        elif format == "merged":
+            extra["dtype"] = write_merged(checkpoint, source.base_path, staging)
+        else:
+            extra["gguf_type"] = gguf_type
+            extra["gguf_file"] = _write_gguf(
+                checkpoint,
+                source.base_path,
+                staging,
+                target,
+                gguf_type,
+                f"{source.name}-step{choice.step}",
+            )
+        write_manifest(
+            staging,
+            {
+                "format": format,
+                **extra,
+                "source": {**source.as_json(), "checkpoint": str(checkpoint)},
+                "step": choice.step,
+                "selected_by": choice.as_json(),
+                "base_model": base_json,
+                "metrics": metrics,
+                "history": records,
+            },
+        )
+
+    build_atomically(target, build, overwrite=overwrite)
+    return ExportResult(
+        path=target,
+        format=format,
+        step=choice.step,
+        base_model=source.hub_id or source.base_model,
+        metrics=metrics,
+    )
+
+
+def _write_gguf(
+    checkpoint: Path, base_path: Path, staging: Path, target: Path, gguf_type: str, name: str
+) -> str:
+    """The merged model, built in a scratch folder beside ``target``, written as GGUF into
+    ``staging``; returns the GGUF file's name."""
+    # Written alongside this module; imported only when a GGUF is asked for.
+    from art_core.export.gguf import write_gguf
+
+    scratch = scratch_dir(target, "merged")
+    try:
+        write_merged(checkpoint, base_path, scratch)
+        written = write_gguf(scratch, staging, gguf_type=gguf_type, model_name=name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return Path(written).name
