@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
+import threading
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -63,3 +65,36 @@ def stop(process: subprocess.Popen[Any], grace_s: float = 30.0) -> None:
     process.wait()
     with contextlib.suppress(ProcessLookupError):  # what it forked and left in its group
         os.killpg(process.pid, signal.SIGKILL)
+
+
+# The line every server of this project prints once its socket is bound.
+LISTENING = re.compile(r"listening on (http://\S+)")
+
+
+def wait_for_url(
+    process: subprocess.Popen[str],
+    what: str,
+    timeout_s: float,
+    pattern: re.Pattern[str] = LISTENING,
+) -> str:
+    """The URL ``process`` prints (``pattern``'s first group) once it listens; on a timeout or
+    an early exit the process is stopped and ``RuntimeError`` shows its last lines."""
+    found: list[str] = []
+    tail: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            tail[:] = [*tail[-19:], line.rstrip()]
+            match = pattern.search(line)
+            if match and not found:
+                found.append(match.group(1))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not ready.wait(timeout_s) or not found:
+        stop(process, grace_s=5)
+        raise RuntimeError(f"{what} did not start:\n" + "\n".join(tail))
+    return found[0]

@@ -21,21 +21,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 
-from _children import spawn, stop
+from _children import spawn, stop, wait_for_url
 from _machine import machine_line
 
 import art_core as art
-
-LISTENING = re.compile(r"listening on (http://\S+)")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -76,25 +72,7 @@ def start_server(max_pending: int, token: str) -> tuple[subprocess.Popen[str], s
         text=True,
         env=env,
     )
-    found: list[str] = []
-    tail: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            tail[:] = [*tail[-19:], line.rstrip()]
-            match = LISTENING.search(line)
-            if match:
-                found.append(match.group(1))
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(180) or not found:
-        stop(process, grace_s=5)
-        raise RuntimeError("the server did not start:\n" + "\n".join(tail))
-    return process, found[0]
+    return process, wait_for_url(process, "the server", 180)
 
 
 async def one_rollout(

@@ -38,18 +38,16 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from _children import spawn, stop
+from _children import spawn, stop, wait_for_url
 from _machine import machine_line
 
 os.environ.setdefault(
@@ -75,7 +73,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-OPEN = re.compile(r"open (http://\S+?)/?$")
 
 # ---------------------------------------------------------------------------- the folder
 ITEMS = ["router", "headset", "keyboard", "monitor", "webcam", "charger", "speaker", "tablet"]
@@ -549,25 +546,7 @@ def start_viewer(art: Path) -> tuple[subprocess.Popen[str], str]:
         stdout=subprocess.PIPE,
         text=True,
     )
-    found: list[str] = []
-    tail: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            tail[:] = [*tail[-19:], line.rstrip()]
-            match = OPEN.search(line.strip())
-            if match:
-                found.append(match.group(1))
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(120) or not found:
-        stop(process, grace_s=5)
-        raise RuntimeError("art-core ui did not start:\n" + "\n".join(tail))
-    return process, found[0]
+    return process, wait_for_url(process, "art-core ui", 120).rstrip("/")
 
 
 class Pages:

@@ -380,7 +380,6 @@ def test_gguf_merges_in_a_scratch_folder_and_hands_it_to_the_writer(
 
 
 def test_gguf_export_with_the_real_writer(trained: Trained, tmp_path: Path) -> None:
-    pytest.importorskip("gguf")
     out = tmp_path / "gguf-real"
     result = export_checkpoint(trained.folder, out, format="gguf")
     names = sorted(p.name for p in out.iterdir())

@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("gguf")
-
-from art_core.embedded import resolve_base_model  # noqa: E402
-from art_core.export.gguf import (  # noqa: E402
+from art_core.embedded import resolve_base_model
+from art_core.export.gguf import (
     SUPPORTED_ARCHITECTURES,
     SUPPORTED_TYPES,
     UnsupportedArchitecture,

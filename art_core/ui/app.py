@@ -187,9 +187,7 @@ class Viewer:
     def _step(self, request: Request) -> dict[str, Any]:
         model, split, step, path = self._step_path(request)
         index = self.steps.get(path)
-        signal, signal_problems = read_signal(
-            model.folder / "signals" / split / f"{step:04d}.jsonl"
-        )
+        signal, signal_problems = read_signal(model.folder.training_signal(split, step))
         query = TableQuery.parse(request.query_params)
         rows = []
         for row in index.rows:
@@ -221,7 +219,7 @@ class Viewer:
         trajectory_id = _param(request.path_params["rollout"], _ID, "rollout id")
         index = self.steps.get(path)
         trajectory, group, number, position = index.rollout(trajectory_id)
-        signal, problems = read_signal(model.folder / "signals" / split / f"{step:04d}.jsonl")
+        signal, problems = read_signal(model.folder.training_signal(split, step))
         tokenizer, tokenizer_source = find_tokenizer(model, self.art.path)
         summary = index.rows[[r["id"] for r in index.rows].index(trajectory_id)]
         tokens = token_view(

@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from art_core.ui.folder import finite_number
 
 Record = dict[str, Any]
 Value = Callable[[Record, Record | None], float | None]
 
 
 def _number(record: Record, key: str) -> float | None:
-    value = record.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
+    return finite_number(record.get(key))
 
 
 def metric(key: str) -> Value:

@@ -58,7 +58,14 @@ class History:
     size: int = 0
 
 
-def _finite(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
+    """``value`` as a float when it is a finite JSON number (not a bool), else None: what
+    every reader of a record's numbers here takes a value through.
+
+    Example:
+        >>> finite_number(3), finite_number(True), finite_number(float("nan")), finite_number("1")
+        (3.0, None, None, None)
+    """
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     number = float(value)
@@ -202,27 +209,19 @@ def model_info(model: ModelRef) -> tuple[dict[str, Any], list[str]]:
     return info, []
 
 
+def _last_value(records: list[dict[str, Any]], key: str) -> float | None:
+    """The last finite value of ``key`` in ``records`` (None when none has one)."""
+    values = (finite_number(record.get(key)) for record in reversed(records))
+    return next((value for value in values if value is not None), None)
+
+
 def run_summary(model: ModelRef, history: History) -> dict[str, Any]:
     """One line of the runs page: latest step and reward, whether it is training now."""
     info, problems = model_info(model)
     trained = [r for r in history.records if r.get("split") == "train"]
     latest = max((r["step"] for r in history.records), default=None)
-    reward = next(
-        (
-            _finite(r.get("train/reward"))
-            for r in reversed(trained)
-            if _finite(r.get("train/reward")) is not None
-        ),
-        None,
-    )
-    val_reward = next(
-        (
-            _finite(r.get("val/reward"))
-            for r in reversed(history.records)
-            if _finite(r.get("val/reward")) is not None
-        ),
-        None,
-    )
+    reward = _last_value(trained, "train/reward")
+    val_reward = _last_value(history.records, "val/reward")
     activity = last_activity(model.folder)
     return {
         "project": model.project,

@@ -9,7 +9,6 @@ only its own line and a step still being appended to is read again when it grows
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from art_core.ui.folder import MAX_STEP_FILE_BYTES, NotFound
+from art_core.ui.folder import MAX_STEP_FILE_BYTES, NotFound, finite_number
 
 # Step files whose index is kept in memory (least recently used beyond this are dropped).
 CACHED_STEP_FILES = 256
@@ -34,12 +33,6 @@ def as_dict(value: Any) -> dict[str, Any]:
 def as_list(value: Any) -> list[Any]:
     """``value`` when it is a JSON array, else an empty one (damaged records)."""
     return value if isinstance(value, list) else []
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def scenario_key(group: dict[str, Any]) -> str | None:
@@ -102,11 +95,11 @@ def rollout_summary(trajectory: dict[str, Any], group: int, index: int) -> dict[
         "group": group,
         "index": index,
         "task": task_text(trajectory),
-        "reward": _number(trajectory.get("reward")),
-        "ruler_score": _number(metrics.get("ruler_score")),
+        "reward": finite_number(trajectory.get("reward")),
+        "ruler_score": finite_number(metrics.get("ruler_score")),
         "ruler_explanation": ruler.get("explanation"),
-        "turns": len(calls) or _number(metrics.get("turns")),
-        "tool_calls": tool_calls or _number(metrics.get("tool_calls")) or 0,
+        "turns": len(calls) or finite_number(metrics.get("turns")),
+        "tool_calls": tool_calls or finite_number(metrics.get("tool_calls")) or 0,
         "prompt_tokens": sum(len(c.get("prompt_token_ids") or []) for c in calls),
         "completion_tokens": sum(len(c.get("completion_token_ids") or []) for c in calls),
         "exception": str(error) if error else None,
