@@ -37,6 +37,9 @@ _DEV_TRAIN_FIELDS = {
     "epsilon": "epsilon",
     "epsilon_high": "epsilon_high",
     "scale_rewards": "scale_rewards",
+    # ART's "token" and "sequence" (GSPO); its "average"/"geometric_average" are refused by
+    # TrainConfig's validation, naming the two levels there are.
+    "importance_sampling_level": "importance_sampling_level",
 }
 
 
@@ -190,7 +193,8 @@ class TrainableModel(Model[ModelConfig], Generic[ModelConfig]):
         """One GRPO step on ``trajectory_groups``; the new adapter is served when this returns.
 
         ``_config`` takes ART's unstable ``dev.TrainConfig`` keys; those that mean the same
-        here (``epsilon``, ``epsilon_high``, ``scale_rewards``) override ``config``, the rest
+        here (``epsilon``, ``epsilon_high``, ``scale_rewards``, ``importance_sampling_level``)
+        override ``config``, the rest
         tune ART's GPU pipeline and are ignored with a warning.
         """
         overrides: dict[str, Any] = {}

@@ -103,7 +103,7 @@ class TrainConfig(TypedDict, total=False):
     allow_training_without_logprobs: bool
     epsilon: float
     epsilon_high: float | None
-    scale_rewards: bool
+    scale_rewards: bool | str
     importance_sampling_level: str
     logprob_calculation_chunk_size: int
     plot_tensors: bool

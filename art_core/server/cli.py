@@ -134,6 +134,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
             max_num_epochs=args.max_num_epochs,
             max_optimizer_steps_per_epoch=args.max_optimizer_steps_per_epoch,
             max_lora_rank=args.max_lora_rank,
+            allow_teachers=args.allow_teachers,
         ),
     )
 
@@ -260,6 +261,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=limits.max_optimizer_steps_per_epoch,
     )
     parser.add_argument("--max-lora-rank", type=_positive(int), default=limits.max_lora_rank)
+    parser.add_argument(
+        "--allow-teachers",
+        action="store_true",
+        help="let training requests name a distillation teacher (TrainConfig.teacher): a model "
+        "path this server loads or a URL it calls",
+    )
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--max-batch-size", type=_positive(int), default=32)

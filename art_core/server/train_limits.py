@@ -29,9 +29,23 @@ class TrainLimits:
     max_num_epochs: int = 100
     max_optimizer_steps_per_epoch: int = 1000
     max_lora_rank: int = 256
+    # A distillation teacher makes the server load a model from a path or call a URL a caller
+    # names: off unless the operator allows it (art-core serve --allow-teachers).
+    allow_teachers: bool = False
 
     def check(self, config: TrainConfig | SFTConfig) -> None:
         """``FieldError`` (a 422) for the first field of ``config`` beyond a limit."""
+        if (
+            isinstance(config, TrainConfig)
+            and config.teacher is not None
+            and not self.allow_teachers
+        ):
+            raise FieldError(
+                "config.teacher",
+                "this server does not load distillation teachers for its callers (a teacher "
+                "reads a model path or calls a URL the request names); start it with "
+                "art-core serve --allow-teachers",
+            )
         epochs = config.num_epochs if isinstance(config, TrainConfig) else config.epochs
         epochs_field = "num_epochs" if isinstance(config, TrainConfig) else "epochs"
         bounds = [

@@ -11,11 +11,22 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from art_core.training.advantages import group_advantages, rollout_token_weight
+from art_core.training.advantages import (
+    LossNormalization,
+    ScaleRewards,
+    group_advantages,
+    population_std,
+    rollout_token_weight,
+    token_weight,
+)
 from art_core.training.packing import TrainingExample
 from art_core.training.sequences import TokenSequence, assemble_sequences
 from art_core.trajectories import TrajectoryGroup, require_finished
+
+if TYPE_CHECKING:
+    from art_core.distill.scores import TeacherScores
 
 
 @dataclass
@@ -26,6 +37,8 @@ class Rollout:
     sequences: list[TokenSequence]
     advantage: float
     trajectory_id: str = ""
+    # On-policy distillation: the teacher's scores of each sequence (``attach_teacher``).
+    teacher: list[TeacherScores] | None = None
 
     @property
     def num_trainable_tokens(self) -> int:
@@ -62,12 +75,17 @@ def _user_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
 
 
 def prepare_batch(
-    groups: Sequence[TrajectoryGroup], *, scale_rewards: bool = True
+    groups: Sequence[TrajectoryGroup],
+    *,
+    scale_rewards: bool | ScaleRewards = "group",
+    keep_equal_groups: bool = False,
 ) -> PreparedBatch:
     """Advantages and token sequences for every trajectory of groups that carry a signal.
 
     Trajectories without recorded calls still count in their group's reward statistics
-    (they are real samples of the policy) but have nothing to train on.
+    (they are real samples of the policy) but have nothing to train on. Groups whose
+    rewards are all equal are skipped (and counted) unless ``keep_equal_groups``
+    (distillation learns from them): then their advantages are 0.
 
     Example:
         >>> from art_core.trajectories import LLMCall, Trajectory
@@ -81,15 +99,19 @@ def prepare_batch(
     """
     require_finished(groups)
     rollouts: list[Rollout] = []
-    rewards: list[float] = []
+    rewards = [trajectory.reward for group in groups for trajectory in group.trajectories]
+    batch_std = population_std([float(reward) for reward in rewards])
     skipped = without_calls = breaks = sequences = 0
     for group in groups:
         group_rewards = [trajectory.reward for trajectory in group.trajectories]
-        rewards += group_rewards
-        advantages = group_advantages(group_rewards, scale_rewards=scale_rewards)
+        advantages = group_advantages(
+            group_rewards, scale_rewards=scale_rewards, batch_std=batch_std
+        )
         if advantages is None:
             skipped += 1
-            continue
+            if not keep_equal_groups:
+                continue
+            advantages = [0.0] * len(group_rewards)
         for trajectory, advantage in zip(group.trajectories, advantages, strict=True):
             if not trajectory.calls:
                 without_calls += 1
@@ -140,10 +162,19 @@ def split_rollouts(rollouts: Sequence[Rollout], parts: int) -> list[list[Rollout
     return chunks
 
 
-def to_examples(rollouts: Sequence[Rollout], *, start: int = 0) -> list[TrainingExample]:
-    """Examples of one optimizer step; token weights make every rollout weigh ``1/len``.
+def to_examples(
+    rollouts: Sequence[Rollout],
+    *,
+    start: int = 0,
+    normalization: LossNormalization = "grpo",
+    dr_grpo_length: int | None = None,
+) -> list[TrainingExample]:
+    """Examples of one optimizer step, with the loss weights of ``normalization``
+    (``advantages.token_weight``: by default every rollout weighs ``1/len``) and, as metric
+    weights, the per-rollout credit.
 
     Each example's ``source`` is ``(start + index of its rollout, index of its sequence)``.
+    ``dr_grpo_length`` defaults to the most trained tokens of any of these rollouts.
 
     Example:
         >>> seq = TokenSequence([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0])
@@ -153,19 +184,44 @@ def to_examples(rollouts: Sequence[Rollout], *, start: int = 0) -> list[Training
         [(3, 0), (3, 1)]
     """
     examples: list[TrainingExample] = []
+    update_tokens = sum(rollout.num_trainable_tokens for rollout in rollouts)
+    length = dr_grpo_length or max((r.num_trainable_tokens for r in rollouts), default=1)
     for index, rollout in enumerate(rollouts, start=start):
-        weight = rollout_token_weight(rollout.num_trainable_tokens, len(rollouts))
+        credit = rollout_token_weight(rollout.num_trainable_tokens, len(rollouts))
+        weight = token_weight(
+            normalization,
+            rollout_tokens=rollout.num_trainable_tokens,
+            num_rollouts=len(rollouts),
+            update_tokens=update_tokens,
+            dr_grpo_length=length,
+        )
+        teacher: Sequence[TeacherScores | None] = rollout.teacher or [None] * len(rollout.sequences)
         examples += [
-            TrainingExample(seq, rollout.advantage, weight, source=(index, position))
-            for position, seq in enumerate(rollout.sequences)
+            TrainingExample(
+                seq,
+                rollout.advantage,
+                weight,
+                source=(index, position),
+                metric_weight=None if weight == credit else credit,
+                teacher=scores,
+            )
+            for position, (seq, scores) in enumerate(zip(rollout.sequences, teacher, strict=True))
         ]
     return examples
 
 
-def update_examples(rollouts: Sequence[Rollout], parts: int) -> list[list[TrainingExample]]:
+def update_examples(
+    rollouts: Sequence[Rollout],
+    parts: int,
+    *,
+    normalization: LossNormalization = "grpo",
+    dr_grpo_length: int | None = None,
+) -> list[list[TrainingExample]]:
     """The examples of each optimizer update of an epoch: ``rollouts`` split into ``parts``
-    chunks (``split_rollouts``), each chunk's weights summing to 1; sources index
-    ``rollouts``.
+    chunks (``split_rollouts``), each chunk weighted by ``normalization`` (with GRPO's and
+    DAPO's, each chunk's weights sum to 1); sources index ``rollouts``. Dr. GRPO's length
+    defaults to the most trained tokens of any rollout of the step, one constant for all
+    chunks.
 
     Example:
         >>> seq = TokenSequence([1, 2], [False, True], [0.0, -1.0])
@@ -174,9 +230,12 @@ def update_examples(rollouts: Sequence[Rollout], parts: int) -> list[list[Traini
         [[((0, 0), 0.5), ((1, 0), 0.5)], [((2, 0), 1.0)]]
     """
     updates: list[list[TrainingExample]] = []
+    length = dr_grpo_length or max((r.num_trainable_tokens for r in rollouts), default=1)
     start = 0
     for chunk in split_rollouts(rollouts, parts):
-        updates.append(to_examples(chunk, start=start))
+        updates.append(
+            to_examples(chunk, start=start, normalization=normalization, dr_grpo_length=length)
+        )
         start += len(chunk)
     return updates
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # The linear projections of Llama/Qwen/Mistral-style decoders: every linear layer of the
 # transformer blocks, the output head excluded (the same default as ART).
@@ -108,6 +108,62 @@ class TrainingSettings(BaseModel):
         }
 
 
+class TeacherConfig(BaseModel):
+    """The teacher of on-policy distillation: who scores the student's own sampled tokens.
+
+    After sampling, the teacher reads each trained sequence (the student's token ids: both
+    must share one tokenizer) and returns its logprob of every sampled token, plus its
+    ``top_k`` most likely tokens there. The trainer adds ``weight`` times the per-token
+    reverse KL(student || teacher) to the loss (``training.loss.reverse_kl``):
+
+    - ``top_k = 0``: the sampled-token estimate ``log p_s(x) - log p_t(x)``, trained through
+      its score-function gradient (any endpoint that returns prompt logprobs can give it);
+    - ``top_k > 0``: the exact reverse KL between student and teacher renormalised over the
+      teacher's top-k tokens (the whole vocabulary when k covers it).
+
+    With ``rl=False`` the reward-driven policy loss is left out (distillation alone) and
+    every rollout is trained, whatever its reward; with ``rl=True`` the two add up, and
+    groups whose rewards are all equal are still trained on (distillation term only).
+
+    The teacher is a local model (``model`` a Hugging Face folder or an embedded name, with an
+    optional PEFT ``adapter`` folder, run in the trainer's process) or, with ``base_url``, any
+    OpenAI-compatible server returning vLLM-style ``prompt_logprobs`` (vLLM, this gateway);
+    ``model`` is then the served name and the API key is read from ``api_key_env``.
+
+    Example:
+        >>> TeacherConfig(model="tiny-random", adapter=".art/p/models/teacher/checkpoints/0008").rl
+        True
+        >>> TeacherConfig(model="Qwen/Qwen3-8B", base_url="http://127.0.0.1:8000/v1", top_k=20).top_k
+        20
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(min_length=1, max_length=4096)
+    base_url: str | None = Field(default=None, min_length=1, max_length=4096)
+    adapter: str | None = Field(default=None, min_length=1, max_length=4096)
+    api_key_env: str | None = Field(default=None, min_length=1, max_length=256)
+    top_k: int = Field(default=0, ge=0, le=20)
+    weight: float = Field(
+        default=1.0, gt=0, le=1e3, description="Coefficient of the reverse KL in the loss."
+    )
+    rl: bool = Field(
+        default=True, description="Keep the reward-driven policy loss (False: distill alone)."
+    )
+    timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+
+    @model_validator(mode="after")
+    def _check_source(self) -> TeacherConfig:
+        if self.base_url is not None and self.adapter is not None:
+            raise ValueError(
+                "adapter applies to a local teacher; an endpoint teacher (base_url) serves "
+                "its adapter itself: name it in model"
+            )
+        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http(s) URL, got {self.base_url!r}")
+        return self
+
+
 class TrainConfig(TrainingSettings):
     """Hyperparameters of one ``train`` call (one GRPO step, unless asked for more).
 
@@ -149,10 +205,45 @@ class TrainConfig(TrainingSettings):
     beta: float = Field(
         default=0.0, ge=0, le=1e3, description="Weight of the k3 KL penalty to the base model."
     )
-    scale_rewards: bool = Field(
-        default=True,
-        description="Divide advantages by the group's reward std (GRPO); False = Dr. GRPO.",
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        default="token",
+        description="'token': one ratio per token (GRPO). 'sequence': GSPO's ratio, the "
+        "geometric mean of a sequence's token ratios, clipped per sequence (and truncated "
+        "importance sampling at the same level). See training.loss.",
     )
+    loss_normalization: Literal["grpo", "dapo", "dr_grpo"] = Field(
+        default="grpo",
+        description="How token losses are summed into a step's loss (training.advantages): "
+        "'grpo': every rollout weighs the same (mean over rollouts of each rollout's token "
+        "mean); 'dapo': every token weighs the same (sum / trained tokens of the step); "
+        "'dr_grpo': a constant normaliser (sum / (rollouts * dr_grpo_length)).",
+    )
+    dr_grpo_length: int | None = Field(
+        default=None,
+        ge=1,
+        le=16_777_216,
+        description="Dr. GRPO's constant L, in tokens per rollout (TRL's max_completion_length). "
+        "None = the most trained tokens of any rollout of the step.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        default="group",
+        description="Divide advantages by the reward std of the group (GRPO), of the whole "
+        "step ('batch', as TRL), or not at all ('none', Dr. GRPO). True/False mean "
+        "'group'/'none'.",
+    )
+    teacher: TeacherConfig | None = Field(
+        default=None,
+        description="On-policy distillation: a teacher scores the student's sampled tokens and "
+        "the reverse KL to it joins the loss (see TeacherConfig).",
+    )
+
+    @field_validator("scale_rewards", mode="before")
+    @classmethod
+    def _scale_rewards_bool(cls, value: object) -> object:
+        # ART (and earlier versions of this config) pass a bool.
+        if isinstance(value, bool):
+            return "group" if value else "none"
+        return value
 
     # Schedule: by default one optimizer step per ``train`` call, whatever the batch size
     # (gradients of all micro-batches are accumulated).

@@ -133,6 +133,70 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - log_ratio - 1
 
 
+def sequence_means(values: torch.Tensor, sequence_index: torch.Tensor) -> torch.Tensor:
+    """The mean of ``values`` over each sequence's tokens, repeated on every token (with
+    gradient): ``out[i] = mean(values[j] for j with sequence_index[j] == sequence_index[i])``.
+
+    Example:
+        >>> sequence_means(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([0, 0, 1])).tolist()
+        [2.0, 2.0, 5.0]
+    """
+    if values.numel() == 0:
+        return values
+    count = int(sequence_index.max()) + 1
+    sums = torch.zeros(count, dtype=values.dtype, device=values.device).index_add(
+        0, sequence_index, values
+    )
+    sizes = torch.bincount(sequence_index, minlength=count).clamp(min=1).to(values.dtype)
+    return (sums / sizes)[sequence_index]
+
+
+def reverse_kl(
+    logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    *,
+    student_top_logits: torch.Tensor | None = None,
+    teacher_top_logprobs: torch.Tensor | None = None,
+    importance_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The on-policy distillation loss per trained token, and the reverse KL it measures.
+
+    Reverse KL(student || teacher) at each position the student sampled, two ways:
+
+    - **sampled token** (no top-k): ``kl = log p_s(x) - log p_t(x)`` for the sampled ``x``
+      (an unbiased one-sample estimate of the KL). Its gradient is the score function:
+      ``loss = sg(w * kl) * log p_s(x)``, because ``grad KL = E_x~p_s[kl(x) grad log p_s(x)]``
+      (``E[grad log p_s] = 0``); ``w`` = ``importance_weight`` (p_s / p_sampler, for tokens
+      sampled by an older policy), 1 by default.
+    - **top-k** (``student_top_logits`` and ``teacher_top_logprobs``, ``(n, k)``, at the
+      teacher's top-k ids): both distributions renormalised over those k tokens, ``q_s =
+      softmax(student logits)``, ``q_t = softmax(teacher logprobs)``, and ``loss = kl =
+      sum_v q_s(v) (log q_s(v) - log q_t(v))``, differentiated directly. With k covering the
+      vocabulary it is the exact reverse KL.
+
+    Example:
+        >>> loss, kl = reverse_kl(torch.tensor([-1.0]), torch.tensor([-3.0]))
+        >>> kl.item(), loss.item()   # kl = -1 - (-3); loss = sg(kl) * logp
+        (2.0, -2.0)
+    """
+    if (student_top_logits is None) != (teacher_top_logprobs is None):
+        raise ValueError("top-k reverse KL needs both student_top_logits and teacher_top_logprobs")
+    if student_top_logits is not None and teacher_top_logprobs is not None:
+        if student_top_logits.shape != teacher_top_logprobs.shape:
+            raise ValueError(
+                f"student_top_logits {tuple(student_top_logits.shape)} and teacher_top_logprobs "
+                f"{tuple(teacher_top_logprobs.shape)} differ in shape"
+            )
+        dtype = _compute_dtype(student_top_logits.dtype)  # bf16 logits: the math in fp32
+        student = torch.log_softmax(student_top_logits.to(dtype), dim=-1)
+        teacher = torch.log_softmax(teacher_top_logprobs.to(dtype), dim=-1)
+        kl = (student.exp() * (student - teacher)).sum(-1)
+        return kl, kl.detach()
+    kl = (logprobs - teacher_logprobs).detach()
+    weight = 1.0 if importance_weight is None else importance_weight.detach()
+    return (weight * kl) * logprobs, kl
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     sampler_logprobs: torch.Tensor,
@@ -147,10 +211,24 @@ def grpo_loss(
     ref_logprobs: torch.Tensor | None = None,
     beta: float = 0.0,
     entropy: torch.Tensor | None = None,
+    importance_sampling_level: Literal["token", "sequence"] = "token",
+    sequence_index: torch.Tensor | None = None,
+    metric_weights: torch.Tensor | None = None,
+    policy_loss_weight: float = 1.0,
+    distill: tuple[torch.Tensor, torch.Tensor] | None = None,
+    distill_weight: float = 1.0,
+    teacher_top_ids: torch.Tensor | None = None,
+    target_ids: torch.Tensor | None = None,
 ) -> LossOutput:
-    """The clipped GRPO objective (PPO or CISPO), optionally with TIS and a k3 KL penalty.
+    """The clipped GRPO objective (PPO or CISPO, token or sequence level), optionally with
+    TIS, a k3 KL penalty and an on-policy distillation term.
 
-    Per token, with ``r = exp(logp - logp_old)`` and ``A`` the advantage:
+    Per token, with ``A`` the advantage and ``r`` the importance ratio:
+
+    - ``importance_sampling_level="token"``: ``r = exp(logp - logp_old)`` per token (GRPO);
+    - ``"sequence"`` (GSPO): ``r = exp(mean over the sequence's trained tokens of (logp -
+      logp_old))``, the geometric mean of its token ratios, the same on every token of the
+      sequence (``sequence_index`` says which tokens belong together);
 
     - ``ppo``:   ``-min(r * A, clip(r, 1 - eps, 1 + eps_high) * A)``
     - ``cispo``: ``-sg(clip(r, 1 - eps, 1 + eps_high)) * A * logp`` (``sg`` = stop-gradient;
@@ -159,8 +237,15 @@ def grpo_loss(
     ``logp_old`` is the sampler's logprob, unless ``old_logprobs`` (the trainer's own logprobs
     before the update) is given: then, with ``truncated_importance_sampling = C``, each token's
     policy loss is multiplied by ``sg(min(exp(logp_old - logp_sampler), C))`` to correct for
-    the sampler and trainer computing slightly different probabilities.
+    the sampler and trainer computing slightly different probabilities (at the sequence
+    level: the geometric mean of those token ratios over the sequence, capped at ``C``).
     With ``beta > 0`` and ``ref_logprobs`` (adapter disabled), ``beta * k3`` is added.
+    ``distill`` (``reverse_kl``'s loss and kl per token) adds ``distill_weight * loss``;
+    ``policy_loss_weight=0`` leaves the policy loss out (distillation alone).
+
+    The loss is ``sum(weights * per-token loss)`` (``weights``: the loss normalisation, see
+    ``advantages.token_weight``); metrics are sums weighted by ``metric_weights`` (the
+    per-rollout credit; default ``weights``).
 
     Example:
         >>> out = grpo_loss(torch.tensor([-1.0]), torch.tensor([-1.0]),
@@ -175,6 +260,8 @@ def grpo_loss(
         ("weights", weights),
         ("old_logprobs", old_logprobs),
         ("ref_logprobs", ref_logprobs),
+        ("sequence_index", sequence_index),
+        ("metric_weights", metric_weights),
     ):
         if tensor is not None and tensor.shape != (n,):
             raise ValueError(
@@ -184,11 +271,23 @@ def grpo_loss(
         raise ValueError("beta > 0 needs ref_logprobs (the base model's logprobs)")
     if truncated_importance_sampling is not None and old_logprobs is None:
         raise ValueError("truncated importance sampling needs the trainer's old_logprobs")
+    if importance_sampling_level not in ("token", "sequence"):
+        raise ValueError(
+            f"importance_sampling_level must be 'token' or 'sequence', got "
+            f"{importance_sampling_level!r}"
+        )
+    if importance_sampling_level == "sequence" and sequence_index is None:
+        raise ValueError("sequence-level importance sampling needs sequence_index")
     low = 1.0 - epsilon
     high = 1.0 + (epsilon if epsilon_high is None else epsilon_high)
+    sequence_level = importance_sampling_level == "sequence"
+
+    def level(log_ratio: torch.Tensor) -> torch.Tensor:
+        assert sequence_index is not None or not sequence_level  # checked above
+        return sequence_means(log_ratio, sequence_index) if sequence_level else log_ratio  # type: ignore[arg-type]
 
     reference = sampler_logprobs if old_logprobs is None else old_logprobs
-    ratio = torch.exp(logprobs - reference)
+    ratio = torch.exp(level(logprobs - reference))
     clipped_ratio = torch.clamp(ratio, low, high)
     if loss_type == "ppo":
         unclipped_objective = ratio * advantages
@@ -204,26 +303,36 @@ def grpo_loss(
 
     if truncated_importance_sampling is not None:
         assert old_logprobs is not None  # checked above
-        tis_weight = torch.exp(old_logprobs - sampler_logprobs).clamp(
+        tis_weight = torch.exp(level(old_logprobs - sampler_logprobs)).clamp(
             max=truncated_importance_sampling
         )
         policy_loss = policy_loss * tis_weight.detach()
 
-    per_token = policy_loss
+    per_token = policy_loss * policy_loss_weight
+    credit = weights if metric_weights is None else metric_weights
     metrics: dict[str, float] = {}
     if ref_logprobs is not None:
         kl = k3_kl(logprobs, ref_logprobs)
         if beta > 0:
             per_token = per_token + beta * kl
-        metrics["kl"] = float((weights * kl.detach()).sum())
+        metrics["kl"] = float((credit * kl.detach()).sum())
+    if distill is not None:
+        distill_loss, distill_kl = distill
+        per_token = per_token + distill_weight * distill_loss
+        metrics["distill/kl"] = float((credit * distill_kl).sum())
+        if teacher_top_ids is not None and target_ids is not None and teacher_top_ids.shape[1]:
+            agree = (teacher_top_ids[:, 0] == target_ids).float()
+            metrics["distill/teacher_agreement"] = float((credit * agree).sum())
 
     loss = (weights * per_token).sum()
     with torch.no_grad():
         metrics["loss"] = float(loss)
         metrics["policy_loss"] = float((weights * policy_loss).sum())
-        metrics["clip_fraction"] = float((weights * is_clipped.float()).sum())
-        metrics["ratio"] = float((weights * ratio).sum())
-        metrics["logprob_mismatch"] = float((weights * (logprobs - sampler_logprobs).abs()).sum())
+        metrics["clip_fraction"] = float((credit * is_clipped.float()).sum())
+        metrics["ratio"] = float((credit * torch.exp(logprobs - reference)).sum())
+        if sequence_level:
+            metrics["sequence_ratio"] = float((credit * ratio).sum())
+        metrics["logprob_mismatch"] = float((credit * (logprobs - sampler_logprobs).abs()).sum())
         if entropy is not None:
-            metrics["entropy"] = float((weights * entropy).sum())
+            metrics["entropy"] = float((credit * entropy).sum())
     return LossOutput(loss=loss, metrics=metrics)

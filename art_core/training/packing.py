@@ -21,10 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from art_core.training.sequences import TokenSequence
+
+if TYPE_CHECKING:
+    from art_core.distill.scores import TeacherScores
 
 # Attention implementations that take packed rows from position ids (varlen) and no mask.
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn")
@@ -37,13 +41,20 @@ Source = tuple[int, int]
 
 @dataclass
 class TrainingExample:
-    """A sequence to train on, with its rollout's advantage and per-token credit weight
-    (and, when known, its ``source``: see ``Source``)."""
+    """A sequence to train on, with its rollout's advantage and per-token loss weight (and,
+    when known, its ``source``: see ``Source``).
+
+    ``metric_weight`` is the per-rollout credit that averages the step's metrics (the loss
+    weight unless a loss normalisation other than GRPO's made them differ); ``teacher`` the
+    teacher's scores of its trained tokens, in on-policy distillation.
+    """
 
     sequence: TokenSequence
     advantage: float
     weight: float
     source: Source | None = None
+    metric_weight: float | None = None
+    teacher: TeacherScores | None = None
 
     def __len__(self) -> int:
         return len(self.sequence)
@@ -70,10 +81,22 @@ class MicroBatch:
     target_ids: torch.Tensor  # (n,) long
     sampler_logprobs: torch.Tensor  # (n,) float
     advantages: torch.Tensor  # (n,) float
-    weights: torch.Tensor  # (n,) float
+    weights: torch.Tensor  # (n,) float, the loss weights
     num_tokens: int  # tokens actually run (shared prefixes counted once, no padding)
     num_sequences: int
     segments: list[tuple[Source | None, int]] = field(default_factory=list)
+    metric_weights: torch.Tensor | None = None  # (n,) float; None = weights
+    # On-policy distillation: the teacher's logprob of each trained token and its top-k.
+    teacher_logprobs: torch.Tensor | None = None  # (n,) float
+    teacher_top_ids: torch.Tensor | None = None  # (n, k) long
+    teacher_top_logprobs: torch.Tensor | None = None  # (n, k) float
+
+    @property
+    def sequence_index(self) -> torch.Tensor:
+        """``(n,)`` long: which example (0, 1, ...) each trained token belongs to, for
+        sequence-level importance sampling."""
+        counts = torch.tensor([count for _, count in self.segments], dtype=torch.long)
+        return torch.repeat_interleave(torch.arange(len(self.segments)), counts)
 
     @property
     def num_trainable_tokens(self) -> int:
@@ -203,7 +226,7 @@ def plan_rows(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
 
 def _per_token_tensors(
     placed: Sequence[_Placed],
-) -> tuple[dict[str, torch.Tensor], list[tuple[Source | None, int]]]:
+) -> tuple[dict[str, Any], list[tuple[Source | None, int]]]:
     """Per-trained-token tensors, and the row position whose logits predict each token;
     and each example's source and number of trained tokens, in the tensors' order."""
     predict_positions: list[int] = []
@@ -211,7 +234,11 @@ def _per_token_tensors(
     sampler: list[float] = []
     advantages: list[float] = []
     weights: list[float] = []
+    metric_weights: list[float] = []
     segments: list[tuple[Source | None, int]] = []
+    teachers = [item.example.teacher for item in placed]
+    if any(teacher is not None for teacher in teachers) and None in teachers:
+        raise ValueError("some examples of a micro-batch carry teacher scores and some do not")
     for item in placed:
         seq = item.example.sequence
         before = len(target_ids)
@@ -224,14 +251,37 @@ def _per_token_tensors(
                 sampler.append(logprob)
                 advantages.append(item.example.advantage)
                 weights.append(item.example.weight)
+                metric_weights.append(
+                    item.example.weight
+                    if item.example.metric_weight is None
+                    else item.example.metric_weight
+                )
         segments.append((item.example.source, len(target_ids) - before))
-    tensors = {
+    tensors: dict[str, Any] = {
         "predict_positions": torch.tensor(predict_positions, dtype=torch.long),
         "target_ids": torch.tensor(target_ids, dtype=torch.long),
         "sampler_logprobs": torch.tensor(sampler, dtype=torch.float32),
         "advantages": torch.tensor(advantages, dtype=torch.float32),
         "weights": torch.tensor(weights, dtype=torch.float32),
+        "metric_weights": torch.tensor(metric_weights, dtype=torch.float32),
     }
+    scored = [teacher for teacher in teachers if teacher is not None]
+    if scored:
+        k = len(scored[0].top_ids[0]) if scored[0].top_ids else 0
+        top_ids = [ids for teacher in scored for ids in teacher.top_ids]
+        top_logprobs = [lps for teacher in scored for lps in teacher.top_logprobs]
+        if any(len(ids) != k for ids in top_ids):
+            raise ValueError("the teacher scores of one micro-batch differ in top_k")
+        teacher_logprobs = [lp for teacher in scored for lp in teacher.token_logprobs]
+        n = len(teacher_logprobs)
+        tensors["teacher_logprobs"] = torch.tensor(teacher_logprobs, dtype=torch.float32)
+        # reshape, not view: with k = 0 the lists are empty and the shape is (n, 0).
+        tensors["teacher_top_ids"] = torch.tensor(top_ids, dtype=torch.long).reshape(n, k)
+        tensors["teacher_top_logprobs"] = torch.tensor(top_logprobs, dtype=torch.float32).reshape(
+            n, k
+        )
+        if tensors["teacher_logprobs"].shape[0] != len(target_ids):
+            raise ValueError("the teacher scored another number of tokens than the examples train")
     return tensors, segments
 
 

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 
 from art_core.device import autocast_dtype, choose_device, follow_free_cores, use_cpu_threads
+from art_core.distill.scores import Teacher
+from art_core.distill.teachers import make_teacher, score_rollouts, teacher_key
 from art_core.model_folder import ModelFolder
 from art_core.training.batch import (
     PreparedBatch,
@@ -38,13 +40,19 @@ from art_core.training.checkpoints import (
     save_checkpoint,
     steps_to_delete,
 )
-from art_core.training.config import SFTConfig, TrainConfig, TrainingSettings, TrainResult
+from art_core.training.config import (
+    SFTConfig,
+    TeacherConfig,
+    TrainConfig,
+    TrainingSettings,
+    TrainResult,
+)
 from art_core.training.loading import (
     adapter_settings,
     base_weights_dtype,
     load_trainable_model,
 )
-from art_core.training.loss import LossOutput, grpo_loss, token_logprobs
+from art_core.training.loss import LossOutput, grpo_loss, reverse_kl, token_logprobs
 from art_core.training.packing import MicroBatch, TrainingExample, make_micro_batches
 from art_core.training.sft import SFTRecord, plan_sft, run_sft
 from art_core.training.step_stats import ALWAYS_REPORTED, ProgressCallback, StepStats
@@ -93,6 +101,8 @@ class Trainer:
         # Whether the model takes a boolean ``logits_to_keep`` (newer transformers): only the
         # trained positions' logits are computed. Turned off at the first refusal.
         self._masked_logits = True
+        # On-policy distillation's teacher, kept between steps while its config stays.
+        self._teacher: tuple[tuple[str | None, ...], Teacher] | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -290,6 +300,9 @@ class Trainer:
             self._model = None
             self._optimizer = None
             self._loaded_step = -1
+            if self._teacher is not None:
+                self._teacher[1].close()
+                self._teacher = None
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -350,6 +363,10 @@ class Trainer:
         self, batch: MicroBatch, config: TrainingSettings
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The current model's logprobs (and entropies) of the batch's trained tokens."""
+        return token_logprobs(self._trained_logits(batch, config), batch.target_ids.to(self.device))
+
+    def _trained_logits(self, batch: MicroBatch, config: TrainingSettings) -> torch.Tensor:
+        """The current model's logits predicting each trained token, ``(n, vocab)``."""
         # Every forward of a step comes here: the one place a cancelled step stops.
         raise_if_cancelled(self._cancel, self._loaded_step)
         device = self.device
@@ -377,8 +394,7 @@ class Trainer:
             # A model that ignored the boolean logits_to_keep returned every position.
             logits = logits[batch.predict_mask.to(device)]
         # One row per trained token (a shared prompt's last position predicts several).
-        logits = logits[batch.target_rows.to(device)]
-        return token_logprobs(logits, batch.target_ids.to(device))
+        return logits[batch.target_rows.to(device)]
 
     @contextlib.contextmanager
     def _no_grad_eval(self) -> Iterator[None]:
@@ -395,8 +411,25 @@ class Trainer:
     ) -> tuple[PreparedBatch, list[list[TrainingExample]], list[list[MicroBatch]]]:
         """The step's rollouts, the examples of each optimizer update, and their
         micro-batches grouped by optimizer update."""
-        prepared = prepare_batch(groups, scale_rewards=config.scale_rewards)
-        updates = update_examples(prepared.rollouts, config.optimizer_steps_per_epoch)
+        prepared = prepare_batch(
+            groups,
+            scale_rewards=config.scale_rewards,
+            keep_equal_groups=config.teacher is not None,
+        )
+        if config.teacher is not None and prepared.rollouts:
+            scored = score_rollouts(
+                prepared.rollouts,
+                self._teacher_for(config.teacher),
+                top_k=config.teacher.top_k,
+                vocab_size=self._vocab_size(),
+            )
+            prepared.metrics.update({f"train/{name}": value for name, value in scored.items()})
+        updates = update_examples(
+            prepared.rollouts,
+            config.optimizer_steps_per_epoch,
+            normalization=config.loss_normalization,
+            dr_grpo_length=config.dr_grpo_length,
+        )
         attn = getattr(self._model.config, "_attn_implementation", None)
         plan = [
             make_micro_batches(
@@ -409,6 +442,21 @@ class Trainer:
             for examples in updates
         ]
         return prepared, updates, [micro_batches for micro_batches in plan if micro_batches]
+
+    def _teacher_for(self, config: TeacherConfig) -> Teacher:
+        """The teacher of ``config`` (kept from the previous step when it is the same)."""
+        key = teacher_key(config)
+        if self._teacher is None or self._teacher[0] != key:
+            if self._teacher is not None:
+                self._teacher[1].close()
+            self._teacher = (key, make_teacher(config, device=str(self.device)))
+        return self._teacher[1]
+
+    def _vocab_size(self) -> int | None:
+        """The student's vocabulary size (the rows of its output layer)."""
+        embeddings = self._model.get_output_embeddings()
+        weight = getattr(embeddings, "weight", None)
+        return int(weight.shape[0]) if weight is not None else None
 
     def _train_step(
         self,
@@ -541,18 +589,46 @@ class Trainer:
         source: the policy before any update when truncated importance sampling computed
         it (``old_logprobs``), else this forward's.
         """
-        logprobs, entropy = self._logprobs(batch, config)
+        device = self.device
+        teacher = config.teacher if batch.teacher_logprobs is not None else None
+        top_logits = None
+        if teacher is not None and teacher.top_k > 0:
+            assert batch.teacher_top_ids is not None  # packed with the teacher's scores
+            logits = self._trained_logits(batch, config)
+            logprobs, entropy = token_logprobs(logits, batch.target_ids.to(device))
+            # Only the teacher's top-k columns: the KL is renormalised over them.
+            top_logits = logits.gather(-1, batch.teacher_top_ids.to(device))
+            del logits
+        else:
+            logprobs, entropy = self._logprobs(batch, config)
         if seen is not None:
             record_logprobs(seen, batch, logprobs if old_logprobs is None else old_logprobs)
         old = None
         if config.truncated_importance_sampling is not None:
             # Single optimizer step: the policy before the update is the current one.
             old = logprobs.detach() if old_logprobs is None else old_logprobs
+        sampler = batch.sampler_logprobs.to(device)
+        distill = None
+        if teacher is not None:
+            assert batch.teacher_logprobs is not None and batch.teacher_top_logprobs is not None
+            distill = reverse_kl(
+                logprobs,
+                batch.teacher_logprobs.to(device),
+                student_top_logits=top_logits,
+                teacher_top_logprobs=(
+                    batch.teacher_top_logprobs.to(device) if top_logits is not None else None
+                ),
+                # Tokens an older policy sampled (a later epoch, a pipelined step), weighted
+                # by p_student / p_sampler, capped like CISPO's ratio.
+                importance_weight=torch.exp(logprobs - sampler).clamp(
+                    1 - config.epsilon, 1 + config.upper_epsilon
+                ),
+            )
         return grpo_loss(
             logprobs,
-            batch.sampler_logprobs.to(self.device),
-            batch.advantages.to(self.device),
-            batch.weights.to(self.device),
+            sampler,
+            batch.advantages.to(device),
+            batch.weights.to(device),
             loss_type=config.loss,
             epsilon=config.epsilon,
             epsilon_high=config.upper_epsilon,
@@ -561,6 +637,18 @@ class Trainer:
             ref_logprobs=self._ref_logprobs(batch, config),
             beta=config.beta,
             entropy=entropy,
+            importance_sampling_level=config.importance_sampling_level,
+            sequence_index=batch.sequence_index.to(device),
+            metric_weights=None
+            if batch.metric_weights is None
+            else batch.metric_weights.to(device),
+            policy_loss_weight=0.0 if teacher is not None and not teacher.rl else 1.0,
+            distill=distill,
+            distill_weight=1.0 if teacher is None else teacher.weight,
+            teacher_top_ids=(
+                None if batch.teacher_top_ids is None else batch.teacher_top_ids.to(device)
+            ),
+            target_ids=batch.target_ids.to(device),
         )
 
     def _old_logprobs(

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from art_core.distill.teachers import make_teacher, score_rollouts
 from art_core.model_folder import ADAPTER_CONFIG_FILE, ModelFolder
 from art_core.training.batch import prepare_batch, update_examples
 from art_core.training.cancel import raise_if_cancelled
@@ -291,12 +292,29 @@ class DistributedTrainer(Trainer):
         step = self.latest_step()
         new_step = step + 1
         self._check_lora(config, step)
-        prepared = prepare_batch(groups, scale_rewards=config.scale_rewards)
+        prepared = prepare_batch(
+            groups,
+            scale_rewards=config.scale_rewards,
+            keep_equal_groups=config.teacher is not None,
+        )
+        if config.teacher is not None and prepared.rollouts:
+            # Scored once, here: every rank trains on the same teacher scores.
+            teacher = make_teacher(config.teacher)
+            try:
+                scored = score_rollouts(prepared.rollouts, teacher, top_k=config.teacher.top_k)
+            finally:
+                teacher.close()
+            prepared.metrics.update({f"train/{name}": value for name, value in scored.items()})
         # The loss weights of each update are computed over the whole update, here, before
         # any split: where a token runs cannot change its weight.
         updates = [
             examples
-            for examples in update_examples(prepared.rollouts, config.optimizer_steps_per_epoch)
+            for examples in update_examples(
+                prepared.rollouts,
+                config.optimizer_steps_per_epoch,
+                normalization=config.loss_normalization,
+                dr_grpo_length=config.dr_grpo_length,
+            )
             if any(example.sequence.num_trainable_tokens for example in examples)
         ]
         if not updates:

@@ -1,7 +1,7 @@
 """What the coordinator and the rank processes say to each other: JSON, never pickle.
 
 A step's examples travel as plain JSON (token ids, loss mask, sampler logprobs, advantage,
-weight, source): Python writes floats with ``repr``, so they come back bit-identical and a
+weight, source, metric weight and teacher scores): Python writes floats with ``repr``, so they come back bit-identical and a
 rank packs exactly the micro-batches the in-process trainer would. Each message is one JSON
 object in one frame of the transport (a pipe's ``send_bytes`` locally, a Ray actor call).
 
@@ -16,8 +16,10 @@ from __future__ import annotations
 import json
 import traceback
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
+from art_core.distill.scores import TeacherScores
 from art_core.training.packing import TrainingExample
 from art_core.training.sequences import TokenSequence
 
@@ -40,6 +42,8 @@ def encode_examples(examples: Sequence[TrainingExample]) -> list[dict[str, Any]]
             "advantage": example.advantage,
             "weight": example.weight,
             "source": None if example.source is None else list(example.source),
+            "metric_weight": example.metric_weight,
+            "teacher": None if example.teacher is None else asdict(example.teacher),
         }
         for example in examples
     ]
@@ -57,9 +61,25 @@ def decode_examples(records: Sequence[dict[str, Any]]) -> list[TrainingExample]:
             float(record["advantage"]),
             float(record["weight"]),
             source=_source(record.get("source")),
+            metric_weight=_optional_float(record.get("metric_weight")),
+            teacher=_teacher(record.get("teacher")),
         )
         for record in records
     ]
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _teacher(value: Any) -> TeacherScores | None:
+    if value is None:
+        return None
+    return TeacherScores(
+        [float(lp) for lp in value["token_logprobs"]],
+        [[int(i) for i in ids] for ids in value["top_ids"]],
+        [[float(lp) for lp in lps] for lps in value["top_logprobs"]],
+    )
 
 
 def _source(value: Any) -> tuple[int, int] | None:
