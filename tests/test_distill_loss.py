@@ -42,7 +42,7 @@ def test_top_k_over_the_whole_vocabulary_is_the_exact_reverse_kl() -> None:
     loss, kl = reverse_kl(
         torch.log_softmax(ours_logits, -1)[torch.arange(4), sampled],
         teacher[torch.arange(4), sampled],
-        student_top_logits=ours_logits.gather(-1, order),
+        student_top_logprobs=torch.log_softmax(ours_logits, -1).gather(-1, order),
         teacher_top_logprobs=teacher.gather(-1, order),
     )
     direct = _direct_reverse_kl(direct_logits, teacher)
@@ -54,19 +54,35 @@ def test_top_k_over_the_whole_vocabulary_is_the_exact_reverse_kl() -> None:
     torch.testing.assert_close(ours_logits.grad, direct_logits.grad)
 
 
-def test_top_k_renormalises_over_the_teachers_tokens() -> None:
+def test_top_k_counts_the_students_mass_outside_the_teachers_tokens() -> None:
+    """k < vocab: the KL over the k tokens plus one bucket for every other token."""
     logits, teacher = _toy(seed=2)
+    logits = logits.clone().requires_grad_(True)
     top = torch.topk(teacher, 3, dim=-1).indices
-    loss, _ = reverse_kl(
+    student = torch.log_softmax(logits, -1)
+    loss, kl = reverse_kl(
         torch.zeros(4),
         torch.zeros(4),
-        student_top_logits=logits.gather(-1, top),
+        student_top_logprobs=student.gather(-1, top),
         teacher_top_logprobs=teacher.gather(-1, top),
     )
-    student = torch.softmax(logits.gather(-1, top), -1)
-    teach = torch.softmax(teacher.gather(-1, top), -1)
-    expected = (student * (student.log() - teach.log())).sum(-1)
+    p_s, p_t = student.exp().gather(-1, top), teacher.exp().gather(-1, top)
+    rest_s, rest_t = 1 - p_s.sum(-1), 1 - p_t.sum(-1)
+    expected = (p_s * (p_s.log() - p_t.log())).sum(-1) + rest_s * (rest_s.log() - rest_t.log())
     torch.testing.assert_close(loss, expected)
+    # A lower bound of the full reverse KL (data processing), and not a trivial one.
+    full = _direct_reverse_kl(logits.detach(), teacher)
+    assert (kl <= full + 1e-12).all() and (kl > 0.05 * full).all()
+    # Renormalising over the k tokens alone would be blind to this student: the same shape
+    # on the k tokens as the teacher, with most of its mass elsewhere. The bucket sees it.
+    same_shape = teacher.gather(-1, top) - 3.0
+    blind, _ = reverse_kl(
+        torch.zeros(4),
+        torch.zeros(4),
+        student_top_logprobs=same_shape,
+        teacher_top_logprobs=teacher.gather(-1, top),
+    )
+    assert (blind > 0.5).all()
 
 
 def test_sampled_token_gradient_is_the_reverse_kl_gradient_in_expectation() -> None:

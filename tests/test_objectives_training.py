@@ -7,6 +7,7 @@ tiny-random with a LoRA adapter of random weights (a different model over the sa
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -125,8 +126,10 @@ def test_distillation_alone_trains_equal_reward_groups_toward_the_teacher(
         assert result.metrics["train/policy_loss"] == 0.0  # every advantage is 0
     trainer.unload()
     if top_k:
-        # The exact KL over the teacher's top 5: measured 0.0275 -> 0.0042.
-        assert kl[-1] < 0.3 * kl[0], f"top-5 reverse KL to the teacher by step: {kl}"
+        # The KL over the teacher's top 5 and the rest: measured 0.0686 -> 0.0595, falling
+        # at every step (tiny-random's near-uniform teacher puts most mass in the rest).
+        assert all(b < a for a, b in itertools.pairwise(kl)), f"top-5 reverse KL by step: {kl}"
+        assert kl[-1] < 0.93 * kl[0], f"top-5 reverse KL to the teacher by step: {kl}"
         assert "train/distill/teacher_agreement" in history(tmp_path / "distilled")[-1]
         return
     # The sampled-token estimate (measured 0.478 -> 0.337), and directly: the student's

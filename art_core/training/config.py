@@ -118,8 +118,9 @@ class TeacherConfig(BaseModel):
 
     - ``top_k = 0``: the sampled-token estimate ``log p_s(x) - log p_t(x)``, trained through
       its score-function gradient (any endpoint that returns prompt logprobs can give it);
-    - ``top_k > 0``: the exact reverse KL between student and teacher renormalised over the
-      teacher's top-k tokens (the whole vocabulary when k covers it).
+    - ``top_k > 0``: the reverse KL over the teacher's top-k tokens plus one bucket for every
+      other token, differentiated directly (exact when k covers the vocabulary); lower
+      variance, and it needs the teacher's top-k (a local teacher, vLLM, this gateway).
 
     With ``rl=False`` the reward-driven policy loss is left out (distillation alone) and
     every rollout is trained, whatever its reward; with ``rl=True`` the two add up, and
@@ -133,8 +134,8 @@ class TeacherConfig(BaseModel):
     Example:
         >>> TeacherConfig(model="tiny-random", adapter=".art/p/models/teacher/checkpoints/0008").rl
         True
-        >>> TeacherConfig(model="Qwen/Qwen3-8B", base_url="http://127.0.0.1:8000/v1", top_k=20).top_k
-        20
+        >>> TeacherConfig(model="Qwen/Qwen3-8B", base_url="http://127.0.0.1:8000/v1", top_k=5).top_k
+        5
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -143,7 +144,13 @@ class TeacherConfig(BaseModel):
     base_url: str | None = Field(default=None, min_length=1, max_length=4096)
     adapter: str | None = Field(default=None, min_length=1, max_length=4096)
     api_key_env: str | None = Field(default=None, min_length=1, max_length=256)
-    top_k: int = Field(default=0, ge=0, le=20)
+    top_k: int = Field(
+        default=20,
+        ge=0,
+        le=20,
+        description="Teacher tokens per position for the top-k KL; 0 = the sampled-token "
+        "estimate (needs only the sampled tokens' logprobs, but has far more variance).",
+    )
     weight: float = Field(
         default=1.0, gt=0, le=1e3, description="Coefficient of the reverse KL in the loss."
     )

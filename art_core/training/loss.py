@@ -155,7 +155,7 @@ def reverse_kl(
     logprobs: torch.Tensor,
     teacher_logprobs: torch.Tensor,
     *,
-    student_top_logits: torch.Tensor | None = None,
+    student_top_logprobs: torch.Tensor | None = None,
     teacher_top_logprobs: torch.Tensor | None = None,
     importance_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,33 +168,49 @@ def reverse_kl(
       ``loss = sg(w * kl) * log p_s(x)``, because ``grad KL = E_x~p_s[kl(x) grad log p_s(x)]``
       (``E[grad log p_s] = 0``); ``w`` = ``importance_weight`` (p_s / p_sampler, for tokens
       sampled by an older policy), 1 by default.
-    - **top-k** (``student_top_logits`` and ``teacher_top_logprobs``, ``(n, k)``, at the
-      teacher's top-k ids): both distributions renormalised over those k tokens, ``q_s =
-      softmax(student logits)``, ``q_t = softmax(teacher logprobs)``, and ``loss = kl =
-      sum_v q_s(v) (log q_s(v) - log q_t(v))``, differentiated directly. With k covering the
-      vocabulary it is the exact reverse KL.
+    - **top-k** (``student_top_logprobs`` and ``teacher_top_logprobs``, ``(n, k)``: both
+      models' logprobs of the teacher's k most likely tokens): the KL between the two
+      distributions over k + 1 outcomes, those k tokens and "any other token" (mass
+      ``1 - sum``): ``loss = kl = sum_v p_s(v) (log p_s(v) - log p_t(v)) + r_s (log r_s -
+      log r_t)``, differentiated directly. The "other" bucket makes mass the student puts
+      outside the teacher's top-k cost what it should (renormalising over the k tokens would
+      not see it); the KL of this coarser view is never above the full KL, and equals it when
+      k covers the vocabulary.
 
     Example:
         >>> loss, kl = reverse_kl(torch.tensor([-1.0]), torch.tensor([-3.0]))
         >>> kl.item(), loss.item()   # kl = -1 - (-3); loss = sg(kl) * logp
         (2.0, -2.0)
     """
-    if (student_top_logits is None) != (teacher_top_logprobs is None):
-        raise ValueError("top-k reverse KL needs both student_top_logits and teacher_top_logprobs")
-    if student_top_logits is not None and teacher_top_logprobs is not None:
-        if student_top_logits.shape != teacher_top_logprobs.shape:
+    if (student_top_logprobs is None) != (teacher_top_logprobs is None):
+        raise ValueError(
+            "top-k reverse KL needs both student_top_logprobs and teacher_top_logprobs"
+        )
+    if student_top_logprobs is not None and teacher_top_logprobs is not None:
+        if student_top_logprobs.shape != teacher_top_logprobs.shape:
             raise ValueError(
-                f"student_top_logits {tuple(student_top_logits.shape)} and teacher_top_logprobs "
-                f"{tuple(teacher_top_logprobs.shape)} differ in shape"
+                f"student_top_logprobs {tuple(student_top_logprobs.shape)} and "
+                f"teacher_top_logprobs {tuple(teacher_top_logprobs.shape)} differ in shape"
             )
-        dtype = _compute_dtype(student_top_logits.dtype)  # bf16 logits: the math in fp32
-        student = torch.log_softmax(student_top_logits.to(dtype), dim=-1)
-        teacher = torch.log_softmax(teacher_top_logprobs.to(dtype), dim=-1)
-        kl = (student.exp() * (student - teacher)).sum(-1)
+        dtype = _compute_dtype(student_top_logprobs.dtype)  # bf16 logits: the math in fp32
+        student = student_top_logprobs.to(dtype)
+        teacher = teacher_top_logprobs.to(dtype)
+        top = (student.exp() * (student - teacher)).sum(-1)
+        # The "other tokens" bucket. A teacher's rounded top-k may sum past 1: its rest is
+        # floored at a tiny mass; where the student has none left the term is 0.
+        student_rest = (1 - student.exp().sum(-1)).clamp(min=0)
+        teacher_rest = (1 - teacher.exp().sum(-1)).clamp(min=_REST_FLOOR)
+        rest = student_rest * (student_rest.clamp(min=_REST_FLOOR).log() - teacher_rest.log())
+        kl = top + rest
         return kl, kl.detach()
     kl = (logprobs - teacher_logprobs).detach()
     weight = 1.0 if importance_weight is None else importance_weight.detach()
     return (weight * kl) * logprobs, kl
+
+
+# The least probability mass the "other tokens" bucket of a top-k KL is given (its log is
+# taken); far below what a model can resolve, so it changes no real KL.
+_REST_FLOOR = 1e-12
 
 
 def grpo_loss(

@@ -591,13 +591,18 @@ class Trainer:
         """
         device = self.device
         teacher = config.teacher if batch.teacher_logprobs is not None else None
-        top_logits = None
+        top_logprobs = None
         if teacher is not None and teacher.top_k > 0:
             assert batch.teacher_top_ids is not None  # packed with the teacher's scores
             logits = self._trained_logits(batch, config)
-            logprobs, entropy = token_logprobs(logits, batch.target_ids.to(device))
-            # Only the teacher's top-k columns: the KL is renormalised over them.
-            top_logits = logits.gather(-1, batch.teacher_top_ids.to(device))
+            targets = batch.target_ids.to(device)
+            logprobs, entropy = token_logprobs(logits, targets)
+            # The student's logprobs of the teacher's top-k tokens, with gradient, without a
+            # second softmax over the vocabulary: log_softmax(z)_v = z_v - (z_x - logp(x)).
+            log_normaliser = logits.gather(-1, targets[:, None]).float() - logprobs[:, None]
+            top_logprobs = (
+                logits.gather(-1, batch.teacher_top_ids.to(device)).float() - log_normaliser
+            )
             del logits
         else:
             logprobs, entropy = self._logprobs(batch, config)
@@ -614,9 +619,9 @@ class Trainer:
             distill = reverse_kl(
                 logprobs,
                 batch.teacher_logprobs.to(device),
-                student_top_logits=top_logits,
+                student_top_logprobs=top_logprobs,
                 teacher_top_logprobs=(
-                    batch.teacher_top_logprobs.to(device) if top_logits is not None else None
+                    batch.teacher_top_logprobs.to(device) if top_logprobs is not None else None
                 ),
                 # Tokens an older policy sampled (a later epoch, a pipelined step), weighted
                 # by p_student / p_sampler, capped like CISPO's ratio.
