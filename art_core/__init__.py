@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # imported lazily below; these lines give type checkers the r
     from art_core.sft import best_trajectories, load_chat_jsonl
     from art_core.sft.teacher import TeacherProxy, teacher_trajectories
     from art_core.training.cancel import TrainingCancelled
-    from art_core.training.config import SFTConfig, TrainConfig, TrainResult
+    from art_core.training.config import SFTConfig, TeacherConfig, TrainConfig, TrainResult
     from art_core.training.distributed.world import TrainingWorld
 
     TrainSFTConfig = SFTConfig
@@ -67,6 +67,7 @@ __all__ = [
     "SamplingReport",
     "ScenarioHistory",
     "ScenarioSampler",
+    "TeacherConfig",
     "TeacherProxy",
     "TooManyExceptions",
     "Tools",
@@ -96,7 +97,7 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     # Parts built in their own modules, imported on first use (training pulls in peft).
-    if name in ("TrainConfig", "TrainResult", "SFTConfig"):
+    if name in ("TrainConfig", "TrainResult", "SFTConfig", "TeacherConfig"):
         from art_core.training import config
 
         return getattr(config, name)

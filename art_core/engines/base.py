@@ -30,6 +30,9 @@ class SamplingParams:
     top_logprobs: int = 0
     # A llguidance grammar (Lark or JSON-schema derived) every choice must follow, or None.
     grammar: str | None = None
+    # Score the prompt too (vLLM's ``prompt_logprobs``): None for no; k >= 0 for each prompt
+    # token's logprob and rank plus the k most likely tokens at its position.
+    prompt_logprobs: int | None = None
 
 
 @dataclass
@@ -41,6 +44,26 @@ class GenerationRequest:
     # Calls with one key are served by one replica (the gateway passes the rollout id), so a
     # rollout's prefix stays in that replica's cache; None: any replica (least loaded).
     route_key: str | None = None
+
+
+@dataclass
+class PromptLogprob:
+    """The model's view of one prompt token given the tokens before it, as vLLM scores it:
+    raw logits (temperature 1, no grammar mask), fp32 log-softmax.
+
+    ``rank`` is 1 + the number of tokens more likely (vLLM counts a tie as more likely);
+    ``top`` holds the ``k`` most likely tokens as (token id, logprob), most likely first (the
+    token itself among them when its rank is at most ``k``). A logprob of ``-inf`` is written
+    as -9999.0, as vLLM writes it (JSON has no infinity).
+
+    Example:
+        >>> PromptLogprob(logprob=-0.7, rank=2, top=[(5, -0.4), (9, -0.7)]).top[0]
+        (5, -0.4)
+    """
+
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -56,6 +79,10 @@ class GenerationResult:
     stop_string: str | None = None
     # Which replica served it, when a ``ReplicaRouter`` spread the model over several.
     replica: int | None = None
+    # When ``SamplingParams.prompt_logprobs`` asked for them: one entry per prompt token, the
+    # first None (nothing comes before it), as vLLM's ``prompt_logprobs``; every choice of a
+    # request shares one list.
+    prompt_logprobs: list[PromptLogprob | None] | None = None
 
 
 @dataclass
@@ -132,6 +159,10 @@ class EngineUnavailable(EngineError):
     served the call; maps to HTTP 503. Nothing of the call is recorded: a retry is safe."""
 
 
+# The most alternatives a prompt position may be scored with (``prompt_logprobs``): vLLM's
+# default ``max_logprobs`` is 20 as well, so a client asking this gateway asks a vLLM alike.
+MAX_PROMPT_LOGPROBS = 20
+
 # A seed is a signed 64-bit integer (vLLM's range); the transformers engine seeds choice i
 # with seed + i, which torch accepts up to 2**64 - 1.
 SEED_RANGE = (-(2**63), 2**63 - 1)
@@ -160,6 +191,13 @@ def check_request(request: GenerationRequest, vocab_size: int | None = None) -> 
         )
     if params.top_logprobs < 0 or (vocab_size is not None and params.top_logprobs > vocab_size):
         raise EngineError(f"top_logprobs out of range: {params.top_logprobs}")
+    scored = params.prompt_logprobs
+    if scored is not None and not 0 <= scored <= MAX_PROMPT_LOGPROBS:
+        raise EngineError(
+            f"prompt_logprobs must be between 0 and {MAX_PROMPT_LOGPROBS}, got {scored}"
+        )
+    if scored is not None and vocab_size is not None and scored > vocab_size:
+        raise EngineError(f"prompt_logprobs={scored} is more than the vocabulary ({vocab_size})")
     ids = request.prompt_token_ids
     if vocab_size is not None and ids and (min(ids) < 0 or max(ids) >= vocab_size):
         raise EngineError(

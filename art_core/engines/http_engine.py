@@ -28,12 +28,18 @@ from art_core.engines.base import (
     EngineUnavailable,
     GenerationRequest,
     GenerationResult,
+    PromptLogprob,
     SamplingParams,
     ServesAdapters,
     check_request,
 )
+from art_core.engines.prompt_logprobs import from_wire
 
 BASE_NAME = "base"
+# Answers larger than this are parsed on a worker thread, and prompt scores of more entries
+# read there: either takes milliseconds the event loop's other calls should not wait for.
+INLINE_JSON_BYTES = 1 << 20
+INLINE_SCORED_ENTRIES = 20_000
 
 
 class HTTPEngine(ServesAdapters):
@@ -155,6 +161,8 @@ class HTTPEngine(ServesAdapters):
         }
         if params.grammar is not None:
             body["structured_outputs"] = {"grammar": params.grammar}
+        if params.prompt_logprobs is not None:
+            body["prompt_logprobs"] = params.prompt_logprobs
         return body
 
     def check(self, request: GenerationRequest) -> None:
@@ -166,6 +174,9 @@ class HTTPEngine(ServesAdapters):
                 f"the prompt has {prompt_len} tokens and max_tokens is {request.params.max_tokens}, "
                 f"more than the context length {self.context_length}"
             )
+        if request.params.prompt_logprobs is not None and request.on_tokens is not None:
+            # vLLM answers prompt logprobs in whole answers only.
+            raise EngineError("prompt_logprobs cannot be streamed")
 
     async def generate(self, request: GenerationRequest) -> list[GenerationResult]:
         if self._client is None:
@@ -187,7 +198,10 @@ class HTTPEngine(ServesAdapters):
                 if request.on_tokens is None:
                     response = await self._client.post("/v1/completions", json=body)
                     self._raise_for_status(response.status_code, response.text)
-                    choices = response.json()["choices"]
+                    if len(response.content) > INLINE_JSON_BYTES:  # scored prompts: MBs
+                        choices = (await asyncio.to_thread(response.json))["choices"]
+                    else:
+                        choices = response.json()["choices"]
                 else:
                     choices = await self._stream(body, request)
             except httpx.TransportError as exc:
@@ -199,7 +213,33 @@ class HTTPEngine(ServesAdapters):
             if self._inflight == 0:
                 self._idle.set()
         step = adapter.step if adapter else 0
-        return [self._result(choice, step) for choice in sorted(choices, key=lambda c: c["index"])]
+        ordered = sorted(choices, key=lambda c: c["index"])
+        results = [self._result(choice, step) for choice in ordered]
+        scoring = request.params.prompt_logprobs
+        if scoring is not None:
+            if len(request.prompt_token_ids) * (scoring + 1) > INLINE_SCORED_ENTRIES:
+                scored = await asyncio.to_thread(self._prompt_logprobs, ordered, request)
+            else:
+                scored = self._prompt_logprobs(ordered, request)
+            for result in results:
+                result.prompt_logprobs = scored
+        return results
+
+    def _prompt_logprobs(
+        self, choices: list[dict[str, Any]], request: GenerationRequest
+    ) -> list[PromptLogprob | None]:
+        """The prompt's scores in an answer (vLLM repeats them in every choice: the first
+        is read); ``EngineError`` when the server sent none or sent them malformed."""
+        value = choices[0].get("prompt_logprobs") if choices else None
+        if value is None:
+            raise EngineError(
+                f"the {self.name} answered without prompt_logprobs: it does not score prompts"
+            )
+        k = request.params.prompt_logprobs or 0
+        try:
+            return from_wire(value, request.prompt_token_ids, k)
+        except ValueError as exc:
+            raise EngineError(f"the {self.name} sent malformed prompt_logprobs: {exc}") from None
 
     def _raise_for_status(self, status: int, text: str) -> None:
         if status == 503:

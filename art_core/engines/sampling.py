@@ -14,6 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
+from art_core.engines.base import PromptLogprob
+
+# How vLLM writes a logprob of -inf (a token the model rules out): JSON has no infinity.
+NO_CHANCE = -9999.0
+
 
 @dataclass
 class RowSampling:
@@ -106,3 +111,39 @@ def _sample_rows(scores: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
     if bool(impossible.any()):
         tokens = torch.where(impossible, probs.argmax(dim=-1), tokens)
     return tokens
+
+
+def score_tokens(logits: torch.Tensor, targets: torch.Tensor, k: int) -> list[PromptLogprob]:
+    """Each row's target token scored as vLLM scores prompt tokens: its logprob under the
+    fp32 log-softmax of ``logits`` (raw: temperature 1, no mask), its rank (1 + the tokens
+    at least as likely, itself excluded: vLLM's ``(logprobs >= its logprob).sum()``) and the
+    ``k`` most likely tokens, most likely first.
+
+    ``logits`` is ``(rows, vocab)``, ``targets`` the ``rows`` token ids. Only the answers
+    leave the function (Python numbers): no vocabulary-sized tensor outlives the call.
+
+    Example:
+        >>> [scored] = score_tokens(torch.tensor([[0.0, 2.0, 1.0]]), torch.tensor([2]), k=1)
+        >>> scored.rank, scored.top[0][0], round(scored.logprob, 3)
+        (2, 1, -1.408)
+    """
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(-1, targets.to(logprobs.device).long().unsqueeze(-1))
+    ranks = (logprobs >= chosen).sum(dim=-1).tolist()
+    values = _finite(chosen.squeeze(-1)).tolist()
+    if k > 0:
+        top = torch.topk(logprobs, k, dim=-1)
+        top_ids = top.indices.tolist()
+        top_values = _finite(top.values).tolist()
+    else:
+        top_ids = top_values = [[] for _ in values]
+    return [
+        PromptLogprob(logprob=value, rank=rank, top=list(zip(ids, lps, strict=True)))
+        for value, rank, ids, lps in zip(values, ranks, top_ids, top_values, strict=True)
+    ]
+
+
+def _finite(logprobs: torch.Tensor) -> torch.Tensor:
+    """``-inf`` written as vLLM writes it (``NO_CHANCE``); a NaN stays NaN (a broken model
+    must show, not pass as a number)."""
+    return logprobs.masked_fill(logprobs == -torch.inf, NO_CHANCE)

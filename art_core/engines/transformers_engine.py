@@ -30,6 +30,7 @@ from art_core.engines.base import (
     EngineError,
     GenerationRequest,
     GenerationResult,
+    PromptLogprob,
     SamplingParams,
     ServesAdapters,
     check_request,
@@ -37,10 +38,14 @@ from art_core.engines.base import (
 from art_core.engines.lora import LoraServer, UnsupportedAdapter
 from art_core.engines.packed import pack_linears, packing_supported
 from art_core.engines.prefix_cache import PrefixCache, default_prefix_cache_bytes
-from art_core.engines.sampling import RowSampling, sample_next_tokens
+from art_core.engines.sampling import RowSampling, sample_next_tokens, score_tokens
 from art_core.engines.tokenizer import ChatTokenizer, load_chat_tokenizer
 
 logger = logging.getLogger(__name__)
+
+# The vocabulary-sized logits a prompt is scored with (``prompt_logprobs``) take at most about
+# this many bytes at once: the prompt runs through the model in chunks this bound sets.
+PROMPT_SCORE_BYTES = 256 * 2**20
 
 
 @dataclass
@@ -56,6 +61,8 @@ class _Pending:
     failed: bool = False
     # Its grammar, compiled (before it was queued): each row follows a copy.
     grammar: Any | None = None
+    # Its prompt scored (when ``prompt_logprobs`` asked), before its rows' prefill.
+    prompt_logprobs: list[PromptLogprob | None] | None = None
 
 
 @dataclass
@@ -561,6 +568,8 @@ class TransformersEngine(ServesAdapters):
         rows: list[_Row] = []
         for pending in batch:
             try:
+                if pending.request.params.prompt_logprobs is not None:
+                    pending.prompt_logprobs = self._score_prompt(pending)
                 own = self._rows_of(pending)
             except Exception as exc:
                 self._fail(pending, exc)
@@ -633,10 +642,53 @@ class TransformersEngine(ServesAdapters):
                     adapter_step=step,
                     top_logprobs=r.top,
                     stop_string=r.stop_string,
+                    prompt_logprobs=pending.prompt_logprobs,
                 )
                 for r in pending.rows
             ],
         )
+
+    @torch.inference_mode()
+    def _score_prompt(self, pending: _Pending) -> list[PromptLogprob | None]:
+        """Each prompt token's logprob, rank and top alternatives given the tokens before it
+        (``prompt_logprobs``), computed by the weights that serve the request (its adapter:
+        our LoRA layers are told here; with peft, the batch runs under it already).
+
+        The prompt runs through the model in chunks, each after the KV of those before it,
+        so the vocabulary-sized logits held at once stay near ``PROMPT_SCORE_BYTES`` however
+        long the prompt. The KV left behind goes into the prefix cache: the request's own
+        prefill, next, finds it there instead of computing the prompt again.
+        """
+        from transformers import DynamicCache
+
+        ids = pending.request.prompt_token_ids
+        k = pending.request.params.prompt_logprobs or 0
+        assert self._vocab_size is not None
+        # Per position: the logits in the model's dtype, their fp32 copy and log-softmax.
+        chunk = max(16, PROMPT_SCORE_BYTES // (12 * self._vocab_size))
+        self._use_adapters([pending.adapter])
+        tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
+        cache = DynamicCache(config=self._base_model.config)
+        scored: list[PromptLogprob | None] = [None]  # the first token has nothing before it
+        # The last token's logits would score what follows the prompt: not run here.
+        scored_len = len(ids) - 1
+        for start in range(0, scored_len, chunk):
+            end = min(start + chunk, scored_len)
+            out = self.model(
+                input_ids=tokens[:, start:end],
+                attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
+                position_ids=torch.arange(start, end, device=self.device).unsqueeze(0),
+                use_cache=True,
+                **{self._cache_keyword: cache},
+            )
+            scored += score_tokens(out.logits[0], tokens[0, start + 1 : end + 1], k)
+            del out
+        self.prefill_tokens_computed += scored_len
+        if self.prefix_cache is not None and scored_len > 0:
+            keys = self.prefix_cache.keys(self._namespace(pending.adapter), ids[:scored_len])
+            attention = torch.ones((1, scored_len), dtype=torch.long, device=self.device)
+            self._keep(cache, attention, 0, pending.adapter, keys)
+        return scored
 
     def _use_rows(self, rows: list[_Row]) -> None:
         """Tell our LoRA layers which adapter each row of the next forward uses."""

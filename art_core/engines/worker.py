@@ -8,9 +8,9 @@ exactly as it reaches a vLLM server. ``WorkerEngine`` starts and restarts these 
 for ``LocalBackend(replicas=N)``; a Ray actor runs the same app (``ray_replicas.py``).
 
 Routes: ``POST /v1/completions`` (token-id prompt; token ids, raw logprobs and finish
-reason back; SSE when ``stream``), ``POST /v1/load_lora_adapter`` and
-``/v1/unload_lora_adapter`` (adapters by path), ``GET /health``. Bodies are validated
-before anything runs; an engine refusal is a 400 for that request alone.
+reason back, and vLLM's ``prompt_logprobs`` when asked; SSE when ``stream``), ``POST
+/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` (adapters by path), ``GET /health``.
+Bodies are validated before anything runs; an engine refusal is a 400 for that request alone.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from art_core.engines.base import (
+    MAX_PROMPT_LOGPROBS,
     Engine,
     EngineError,
     EngineUnavailable,
@@ -39,7 +40,8 @@ from art_core.engines.base import (
     GenerationResult,
     SamplingParams,
 )
-from art_core.engines.http_engine import BASE_NAME
+from art_core.engines.http_engine import BASE_NAME, INLINE_SCORED_ENTRIES
+from art_core.engines.prompt_logprobs import to_wire
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -68,6 +70,8 @@ class CompletionBody(BaseModel):
     # gateway's own client sends this so a worker returns exactly what was asked).
     top_logprobs: int | None = Field(None, ge=0, le=1024)
     structured_outputs: Grammar | None = None
+    # vLLM's: score the prompt too, with this many alternatives per position.
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_PROMPT_LOGPROBS)
     stream: bool = False
 
     def request(self) -> GenerationRequest:
@@ -81,6 +85,7 @@ class CompletionBody(BaseModel):
             seed=self.seed,
             top_logprobs=self.logprobs if self.top_logprobs is None else self.top_logprobs,
             grammar=self.structured_outputs.grammar if self.structured_outputs else None,
+            prompt_logprobs=self.prompt_logprobs,
         )
         return GenerationRequest(self.prompt, params, adapter=self.model)
 
@@ -168,17 +173,28 @@ class WorkerApp:
             return _error(404, f"the model {body.model!r} is not loaded here")
         generation = body.request()
         if body.stream:
+            if body.prompt_logprobs is not None:  # as vLLM: scores come in whole answers
+                return _error(400, "prompt_logprobs are not available when streaming")
             return StreamingResponse(self._stream(generation), media_type="text/event-stream")
         try:
             results = await self.engine.generate(generation)
         except EngineError as exc:
             return _error(_status(exc), str(exc))
+        choices = [_choice(r) for r in results]
+        scored = results[0].prompt_logprobs if results else None
+        if scored is not None:
+            if len(body.prompt) * ((body.prompt_logprobs or 0) + 1) > INLINE_SCORED_ENTRIES:
+                wire = await asyncio.to_thread(to_wire, scored, body.prompt)
+            else:
+                wire = to_wire(scored, body.prompt)
+            for choice in choices:
+                choice["prompt_logprobs"] = wire
         return JSONResponse(
             {
                 "id": f"cmpl-{uuid.uuid4().hex}",
                 "object": "text_completion",
                 "model": body.model,
-                "choices": [_choice(r) for r in results],
+                "choices": choices,
             }
         )
 

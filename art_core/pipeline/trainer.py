@@ -370,7 +370,8 @@ class PipelineTrainer:
     async def _next_batch(
         self, queue: asyncio.Queue[_Sampled | None], current_step: int
     ) -> tuple[list[_Sampled], dict[str, int]]:
-        """``groups_per_step`` fresh groups with a signal (fewer at the very end)."""
+        """``groups_per_step`` fresh groups with a signal, or any fresh groups when a
+        distillation teacher learns from all-equal ones too (fewer at the very end)."""
         batch: list[_Sampled] = []
         dropped = {"stale": 0, "no_signal": 0}
         while len(batch) < self.groups_per_step:
@@ -381,7 +382,10 @@ class PipelineTrainer:
             if current_step - item.oldest_step > self.max_steps_off_policy:
                 dropped["stale"] += 1
                 self.state.mark_done(item.scenario_index)
-            elif not item.group.has_signal and not self.keep_groups_without_signal:
+            elif not item.group.has_signal and not (
+                # A teacher learns from all-equal groups too (the trainer keeps them).
+                self.keep_groups_without_signal or self.train_config.teacher is not None
+            ):
                 dropped["no_signal"] += 1
                 self.state.mark_done(item.scenario_index)
             else:

@@ -17,16 +17,21 @@ the served default; it must fit the context after the prompt, else 400), ``tempe
 ``top_p``, ``n``, ``stop`` (up to 4 strings), ``seed``, ``logprobs`` (0-5: the legacy
 ``{tokens, token_logprobs, top_logprobs, text_offset}`` of the sampled tokens), ``echo``,
 ``stream`` and ``stream_options.include_usage``, ``best_of`` (equal to ``n``), ``metadata``
-(and the ``x-art-metadata`` header), and vLLM's ``top_k``, ``add_special_tokens`` and
-``skip_special_tokens``.
+(and the ``x-art-metadata`` header), and vLLM's ``top_k``, ``add_special_tokens``,
+``skip_special_tokens`` and ``prompt_logprobs`` (0-20, not streamed: each choice's
+``prompt_logprobs`` in vLLM's format, ``engines/prompt_logprobs.py``: per prompt token its
+logprob and rank given the tokens before it and the k most likely tokens, the first
+``null``; computed by the weights that serve the call, raw logits at temperature 1; not
+recorded).
 
 Accepted and left out of sampling, named in each call's ``request_params.ignored_fields``
 (and logged once): ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``user`` and
 any other field.
 
 Refused (400): a non-empty ``suffix``; ``best_of`` other than ``n``; ``echo`` with
-``logprobs`` (the engine does not score prompt tokens); an empty prompt; token ids outside the
-vocabulary; a prompt (or prompt plus ``max_tokens``) over the context.
+``logprobs`` (ask for ``prompt_logprobs`` instead); ``prompt_logprobs`` with ``stream``; an
+empty prompt; token ids outside the vocabulary; a prompt (or prompt plus ``max_tokens``) over
+the context.
 
 Beyond OpenAI's fields, each choice carries ``token_ids``, ``call_id`` and ``adapter_step``
 (as the chat route), and the body ``prompt_token_ids`` (one prompt) or each choice its own
@@ -48,7 +53,15 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from art_core.chat_formats.format import safe_before
-from art_core.engines.base import EngineError, GenerationRequest, GenerationResult, SamplingParams
+from art_core.engines.base import (
+    MAX_PROMPT_LOGPROBS,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    PromptLogprob,
+    SamplingParams,
+)
+from art_core.engines.prompt_logprobs import to_wire
 from art_core.gateway.apis.edge import log_ignored, recorded_fields
 from art_core.gateway.body import parse_json_object, read_body
 from art_core.gateway.errors import APIError, engine_error, internal_error, validation_message
@@ -82,6 +95,8 @@ MAX_CHOICES = 64  # prompts x n
 # A call's prompt text is recorded with it (request_params["prompt"]) up to this size; its
 # ids are always recorded.
 MAX_RECORDED_PROMPT_CHARS = 8192
+# Prompt scores of more entries (tokens x (k + 1)) are written on a worker thread.
+INLINE_SCORED_ENTRIES = 20_000
 SERVED_FIELDS = frozenset(
     {
         "model",
@@ -102,6 +117,7 @@ SERVED_FIELDS = frozenset(
         "metadata",
         "add_special_tokens",
         "skip_special_tokens",
+        "prompt_logprobs",
     }
 )
 # Recorded on their own (the prompt as ids, per call; metadata as the call's metadata) or not
@@ -145,6 +161,9 @@ class CompletionRequest(BaseModel):
     metadata: dict[str, Any] | None = None
     add_special_tokens: bool | None = None  # vLLM's; default true
     skip_special_tokens: bool | None = None  # vLLM's; default true
+    # vLLM's: score the prompt, with this many alternatives per position (vLLM's -1, the
+    # whole vocabulary per token, is refused: its answer would be unbounded).
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_PROMPT_LOGPROBS)
 
     @field_validator("stop")
     @classmethod
@@ -237,9 +256,14 @@ def parse_request(payload: dict[str, Any]) -> Parsed:
         )
     if request.echo and request.logprobs is not None:
         raise _bad(
-            "echo with logprobs is not supported: the engine does not score prompt tokens; "
-            "ask for logprobs without echo",
+            "echo with logprobs is not supported: ask for prompt_logprobs (the prompt's "
+            "scores, vLLM's format) and logprobs without echo",
             "echo",
+        )
+    if request.prompt_logprobs is not None and request.stream:
+        raise _bad(
+            "prompt_logprobs are not available when streaming (as vLLM); send stream: false",
+            "prompt_logprobs",
         )
     if len(prompts) * n > MAX_CHOICES:
         raise _bad(
@@ -413,6 +437,7 @@ async def prepare(
                     stop=request.stop_list,
                     seed=request.seed,
                     top_logprobs=request.logprobs or 0,
+                    prompt_logprobs=request.prompt_logprobs,
                 ),
                 adapter=adapter,
                 index=served.store.next_index(rollout_id),
@@ -468,12 +493,16 @@ def to_llm_call(
     )
 
 
+Scored = list[PromptLogprob | None]
+
+
 async def sample_and_record(
     call: PreparedCall,
     skip_special: bool = True,
     on_tokens: Any = None,
-) -> list[LLMCall]:
-    """Run ``call`` on its engine and record one ``LLMCall`` per choice before answering."""
+) -> tuple[list[LLMCall], Scored | None]:
+    """Run ``call`` on its engine and record one ``LLMCall`` per choice before answering;
+    also the prompt's scores when ``prompt_logprobs`` asked (not recorded)."""
     started = time.time()
     results = await call.served.engine.generate(
         GenerationRequest(
@@ -485,9 +514,13 @@ async def sample_and_record(
         )
     )
     latency = time.time() - started
+    scored = results[0].prompt_logprobs if results else None
+    if call.params.prompt_logprobs is not None and scored is None:
+        # Nothing is recorded: the call failed as a whole (an engine that ignored the field).
+        raise EngineError("this model's engine does not score prompts (prompt_logprobs)")
     calls = [to_llm_call(call, r, started, latency, skip_special) for r in results]
     await call.served.store.record_request(calls)
-    return calls
+    return calls, scored
 
 
 # Sampling tasks of streamed requests, kept referenced until done: a client that hangs up
@@ -620,6 +653,31 @@ class Answer:
             body["prompt_token_ids"] = self.calls[0].prompt_ids
         return body
 
+    def prompt_logprobs(self, scored: list[Scored | None]) -> list[list[Any] | None]:
+        """Each prompt's scores in vLLM's wire format (``decoded_token`` included)."""
+        tokenizer = self.calls[0].served.tokenizer
+
+        def decode(ids: list[int]) -> list[str]:
+            texts = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)
+            return [str(text) for text in texts]
+
+        return [
+            None if s is None else to_wire(s, call.prompt_ids, decode)
+            for s, call in zip(scored, self.calls, strict=True)
+        ]
+
+    async def add_prompt_logprobs(self, body: dict[str, Any], scored: list[Scored | None]) -> None:
+        """Put each prompt's scores into its choices (as vLLM: every choice of a prompt
+        carries them); written on a worker thread when large."""
+        k = self.parsed.request.prompt_logprobs or 0
+        entries = sum(len(call.prompt_ids) for call in self.calls) * (k + 1)
+        if entries > INLINE_SCORED_ENTRIES:
+            wires = await asyncio.to_thread(self.prompt_logprobs, scored)
+        else:
+            wires = self.prompt_logprobs(scored)
+        for choice in body["choices"]:
+            choice["prompt_logprobs"] = wires[choice["index"] // self.parsed.n]
+
 
 async def create(gateway: Gateway, request: Request) -> Response:
     """``POST /v1/completions``: answer one request as a ``text_completion`` or its chunks.
@@ -647,10 +705,13 @@ async def create(gateway: Gateway, request: Request) -> Response:
     # Shielded: a client that hangs up does not cancel the sampling or the recording.
     tasks = [asyncio.ensure_future(sample_and_record(c, answer.skip_special)) for c in calls]
     try:
-        recorded = await asyncio.shield(asyncio.gather(*tasks))
+        sampled = await asyncio.shield(asyncio.gather(*tasks))
     except EngineError as exc:
         raise engine_error(exc) from None
-    return completion_response(answer.body(list(recorded)))
+    body = answer.body([calls for calls, _ in sampled])
+    if parsed.request.prompt_logprobs is not None:
+        await answer.add_prompt_logprobs(body, [scored for _, scored in sampled])
+    return completion_response(body)
 
 
 async def stream_chunks(answer: Answer) -> AsyncIterator[str]:
@@ -727,7 +788,7 @@ async def stream_chunks(answer: Answer) -> AsyncIterator[str]:
     for task in tasks:
         error = task.exception() if task.done() else None
         failure = failure or error
-        recorded.append(task.result() if task.done() and error is None else [])
+        recorded.append(task.result()[0] if task.done() and error is None else [])
     for i, choices in enumerate(recorded):
         echo_len = len(answer.echo(i))
         for c in choices:
