@@ -385,6 +385,9 @@ def print_table(results: list[ArmResult], args: argparse.Namespace) -> None:
         )
 
 
+ARMS = ("plain", "dynamic", "dynamic+warm", "distill")
+
+
 async def run_arms(arms: list[str], args: argparse.Namespace, workdir: Path) -> list[ArmResult]:
     """The arms in order; the distill arm's teacher is ``--teacher-adapter`` or the final
     checkpoint of the dynamic+warm arm run before it."""
@@ -406,6 +409,9 @@ async def run_arms(arms: list[str], args: argparse.Namespace, workdir: Path) -> 
 async def main(args: argparse.Namespace) -> None:
     arms = ["plain", "dynamic"] + (["dynamic+warm"] if args.warm_start else [])
     arms += ["distill"] if args.distill else []
+    if args.arms:
+        # A subset, in the usual order (distill learns from dynamic+warm's checkpoint).
+        arms = [arm for arm in ARMS if arm in args.arms.split(",")]
     with tempfile.TemporaryDirectory(prefix="art-sparse-") as tmp:
         workdir = Path(args.path) if args.path else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -456,6 +462,12 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="the distill arm's teacher: a LoRA checkpoint folder of --base-model",
     )
+    parser.add_argument(
+        "--arms",
+        default=None,
+        help="run only these arms, comma-separated (e.g. dynamic+warm,distill); the flags "
+        "above still set what they need",
+    )
     parser.add_argument("--sft-examples", type=int, default=32)
     parser.add_argument("--sft-learning-rate", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=0)
@@ -476,6 +488,15 @@ def parse_args() -> argparse.Namespace:
         args.max_rollouts_per_step, args.sft_examples = 4, 2
         if args.server == str(DEFAULT_SERVER) and not DEFAULT_SERVER.exists():
             args.server = HOSTED_SERVER
+    if args.arms is not None:
+        unknown = set(args.arms.split(",")) - set(ARMS)
+        if unknown:
+            parser.error(f"--arms: unknown {sorted(unknown)}; the arms are {', '.join(ARMS)}")
+        wanted = args.arms.split(",")
+        args.warm_start = args.warm_start or "dynamic+warm" in wanted
+        args.distill = args.distill or "distill" in wanted
+        if "distill" in wanted and "dynamic+warm" not in wanted and args.teacher_adapter is None:
+            parser.error("--arms distill without dynamic+warm needs --teacher-adapter")
     if not set(args.operators) <= set("+-*/"):
         parser.error("--operators takes characters of + - * /")
     args.operators = list(args.operators)
