@@ -42,15 +42,19 @@ async def test_the_pipeline_learns_the_digits_task(tmp_path: Path) -> None:
             progress=False,
         )
         rewards = []
-        # One step at a time, so the test stops as soon as the task is learned.
+        # One step at a time, so the test stops as soon as the task is learned. It stops at
+        # the first step >= 0.9 too: a policy that solves every scenario gives only all-equal
+        # groups, which the pipeline drops, so one more step would wait for signal forever
+        # (seen: 0.68, 0.97, 0.97, then no step). The timeout turns such a wait into a failure.
         while len(rewards) < 40:
             trainer.max_steps = trainer.state.steps + 1
-            [result] = await trainer.train()
+            [result] = await asyncio.wait_for(trainer.train(), timeout=300)
             rewards.append(result.metrics["train/reward"])
-            if len(rewards) >= 3 and min(rewards[-3:]) >= 0.8:
+            if rewards[-1] >= 0.9 or (len(rewards) >= 3 and min(rewards[-3:]) >= 0.8):
                 break
     curve = " ".join(f"{r:.2f}" for r in rewards)
-    assert rewards[0] <= 0.3 and min(rewards[-3:]) >= 0.8, curve
+    learned = rewards[-1] >= 0.9 or min(rewards[-3:]) >= 0.8
+    assert rewards[0] <= 0.3 and learned, curve
     folder = ModelFolder.of(tmp_path, "pipeline", "digits")
     # Staleness, from the recorded adapter steps: trained on step s = served by s or s - 1.
     for step, groups in trained_groups(folder).items():
