@@ -163,13 +163,20 @@ def test_good_answers_are_read_at_the_trained_tokens(server: StandInTeacher) -> 
         scores = teacher.score([GOOD, BAD, GOOD, BAD, GOOD], top_k=K)
     assert server.most_in_flight <= 2
     assert server.auth == ["Bearer sk-test"] * 5
-    assert server.bodies[0] == {
-        "model": "teacher",
-        "prompt": GOOD.token_ids,
-        "max_tokens": 1,
-        "prompt_logprobs": K,
-        "temperature": 1.0,
-    }
+    # Two requests are in flight at once, so the server sees them in any order.
+    assert sorted(server.bodies, key=lambda body: body["prompt"]) == sorted(
+        (
+            {
+                "model": "teacher",
+                "prompt": sequence.token_ids,
+                "max_tokens": 1,
+                "prompt_logprobs": K,
+                "temperature": 1.0,
+            }
+            for sequence in [GOOD, BAD, GOOD, BAD, GOOD]
+        ),
+        key=lambda body: body["prompt"],
+    )
     top_ids, top_logprobs = [0, 1, 2], [-0.25, -0.5, -0.75]
     assert scores[0] == TeacherScores(
         token_logprobs=[-6.02, -6.03, -6.04],
