@@ -21,6 +21,7 @@ COMMANDS: list[str] = [
     "art_core.rewards.cli",
     "art_core.server.cli",
     "art_core.metrics.plot",
+    "art_core.tracing.cli",
     "art_core.ui.cli",
 ]
 

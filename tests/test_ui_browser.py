@@ -18,47 +18,20 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from browser_support import chromium
 from ui_support import GROUP_SIZE, PROMPTS, ViewerServer, train_steps
 
 import art_core as art
 from art_core.model_folder import ModelFolder
 from art_core.testing.pytest_plugin import register_tiny_model
 
-CHROMIUM = os.environ.get("ART_CHROMIUM", "/usr/bin/chromium")
-# What the machine's closed network needs (no background connections), and root's sandbox.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
 TIMEOUT_MS = 60_000
-
-
-def _need_browser() -> Any:
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        reason = "playwright is not installed (pip install -e '.[dev]')"
-    else:
-        if Path(CHROMIUM).is_file():
-            return async_playwright
-        reason = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the browser tests: {reason}")
-    pytest.skip(reason)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def browser() -> AsyncIterator[Any]:
-    async_playwright = _need_browser()
-    async with async_playwright() as playwright:
-        chromium = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        await chromium.close()
+    async with chromium() as launched:
+        yield launched
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

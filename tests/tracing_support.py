@@ -149,3 +149,31 @@ def _log_records(data: bytes, block: int = 32768) -> Iterator[bytes]:
         elif kind == 4:
             yield pending + chunk
             pending = b""
+
+
+async def traced_training_run(
+    model: art.TrainableModel, judge_base_url: str, cache_path: Path
+) -> list[art.TrajectoryGroup]:
+    """A short tiny-random training run with tool calls, as a tracing backend should see it:
+    two groups of two tool-using rollouts scored by RULER (the stand-in judge at
+    ``judge_base_url``), then one train step. Returns the groups (rewards = RULER scores).
+
+    Call with tracing enabled; ``tracing.flush()`` afterwards."""
+    from art_core.rewards import ruler_score_group
+
+    async def score(group: art.TrajectoryGroup) -> art.TrajectoryGroup | None:
+        return await ruler_score_group(
+            group, "judge-1", judge_base_url=judge_base_url, cache_path=cache_path
+        )
+
+    hints = [[0.2, 0.9], [0.6, 0.4]]
+    groups = await art.gather_trajectory_groups(
+        (
+            art.TrajectoryGroup(tool_rollout(model, h, scenario=f"s{i}") for h in pair)
+            for i, pair in enumerate(hints)
+        ),
+        after_each=score,
+        pbar_desc=None,
+    )
+    await model.train(groups, config=art.TrainConfig(learning_rate=1e-3))
+    return groups

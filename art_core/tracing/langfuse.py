@@ -9,19 +9,58 @@ through ``Langfuse.create_score`` (its batched score queue).
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, get_current_span
 
-from art_core.tracing import genai
+from art_core.tracing import genai, openinference
 from art_core.tracing.otel import TRACER_NAME, OtelSink, new_provider
 from art_core.tracing.settings import TracingSettings
 from art_core.tracing.tree import AttributeValue, Score, ScoreUpdate, SpanNode
 from art_core.tracing.worker import call_with_timeout
 
 OBSERVATION_TYPES = {"rollout": "agent", "llm": "generation", "tool": "tool", "train": "span"}
+# Langfuse's trace-level attribute names (langfuse._client.attributes.LangfuseOtelSpanAttributes;
+# the SDK writes the session as ``session.id``, Langfuse's docs also list
+# ``langfuse.session.id``: both are set).
+TRACE_NAME = "langfuse.trace.name"
+TRACE_TAGS = "langfuse.trace.tags"
+TRACE_METADATA = "langfuse.trace.metadata"
+SESSION_IDS = ("session.id", "langfuse.session.id")
+
+
+def metadata_value(value: Any) -> str:
+    """One metadata value as Langfuse's SDK encodes it: JSON, strings included, compact,
+    non-ASCII kept (so ``"3"`` and ``3`` stay distinct when Langfuse decodes them).
+
+    Example:
+        >>> metadata_value("s0"), metadata_value({"a": 1})
+        ('"s0"', '{"a":1}')
+    """
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def langfuse_trace_attributes(root: SpanNode) -> dict[str, AttributeValue]:
+    """The trace-level attributes of ``root``'s trace: name, tags, session and metadata
+    (one ``langfuse.trace.metadata.KEY`` each, so Langfuse can filter on it).
+
+    Example:
+        >>> sorted(langfuse_trace_attributes(SpanNode("r", "rollout", 0, 1, key="r1")))
+        ['langfuse.trace.metadata.rollout_id', 'langfuse.trace.name', 'langfuse.trace.tags']
+    """
+    attributes: dict[str, AttributeValue] = {
+        TRACE_NAME: root.display_name or root.name,
+        TRACE_TAGS: openinference.trace_tags(root),
+    }
+    session = openinference.session_id(root)
+    if session:
+        attributes.update(dict.fromkeys(SESSION_IDS, session))
+    for key, value in openinference.trace_metadata(root).items():
+        attributes[f"{TRACE_METADATA}.{key}"] = metadata_value(value)
+    return attributes
 
 
 def _export_ours_and_default(span: Any) -> bool:
@@ -57,6 +96,9 @@ class LangfuseSink(OtelSink):
     """
 
     name = "langfuse"
+    # Langfuse reads its own langfuse.observation.* input/output; OpenInference's copies of
+    # the same messages would double every span's size.
+    openinference = False
 
     def __init__(
         self, settings: TracingSettings, client: Any = None, **langfuse_kwargs: Any
@@ -87,6 +129,15 @@ class LangfuseSink(OtelSink):
         self.owns_provider = False
         self._nested: set[str] = set()  # rollouts scored on their observation (worker only)
 
+    def trace_attributes(self, root: SpanNode, nested: bool) -> dict[str, AttributeValue]:
+        """Langfuse's trace-level attributes, on every span of the trace as its SDK's
+        ``propagate_attributes`` writes them (Langfuse filters observations by them). A rollout
+        nested in the caller's trace (``@observe``) leaves that trace's name and tags alone."""
+        attributes = super().trace_attributes(root, nested)
+        if nested:
+            return attributes
+        return {**attributes, **langfuse_trace_attributes(root)}
+
     def decorate(self, node: SpanNode) -> dict[str, AttributeValue]:
         attributes: dict[str, AttributeValue] = {
             "langfuse.observation.type": OBSERVATION_TYPES.get(node.kind, "span"),
@@ -115,17 +166,6 @@ class LangfuseSink(OtelSink):
                 attributes["langfuse.observation.model.parameters"] = genai.to_json(params)
             # Langfuse shows input/output above; do not ship the messages twice.
             attributes.pop(genai.INPUT_MESSAGES, None)
-        if node.kind in ("rollout", "train"):
-            attributes["langfuse.trace.name"] = node.display_name or node.name
-            tags = ["art", node.kind]
-            step = node.attributes.get("art.adapter_step", node.attributes.get("art.train.step"))
-            if step is not None:
-                tags.append(f"step:{step}")
-            attributes["langfuse.trace.tags"] = tags
-            metadata = (node.input or {}).get("metadata") or {}
-            for key, value in {"rollout_id": node.key, **metadata}.items():
-                if value is not None:
-                    attributes[f"langfuse.trace.metadata.{key}"] = genai.to_json(value)
         return attributes
 
     @staticmethod

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
-from art_core.tracing import genai
+from art_core.tracing import genai, openinference
 from art_core.tracing.exporters import GuardedExporter
 from art_core.tracing.settings import TracingSettings
 from art_core.tracing.tree import AttributeValue, ScoreUpdate, SpanNode
@@ -67,8 +67,30 @@ class Remembered:
 Decorate = Callable[[SpanNode], dict[str, AttributeValue]]
 
 
+def weave_thread_attributes(root: SpanNode) -> dict[str, AttributeValue]:
+    """Weave's thread attributes for spans it ingests over OTLP: a rollout is a thread
+    (``wandb.thread_id``, on every span of its trace) whose model and tool calls are its
+    turns (``wandb.is_turn``, added per span by ``OtelSink``).
+
+    Example:
+        >>> weave_thread_attributes(SpanNode("r", "rollout", 0, 1, key="r1"))
+        {'wandb.thread_id': 'r1'}
+    """
+    if root.kind == "rollout" and root.key:
+        return {WEAVE_THREAD_ID: root.key}
+    return {}
+
+
+WEAVE_THREAD_ID = "wandb.thread_id"
+WEAVE_IS_TURN = "wandb.is_turn"
+
+
 class OtelSink:
     """Export span trees through an OpenTelemetry ``SpanExporter`` (OTLP, console, in-memory).
+
+    Each span carries the GenAI attributes of its node, the OpenInference ones beside them
+    (``openinference = False`` in a subclass turns those off), and its trace's attributes
+    (``trace_attributes``: session, thread) on every span of the tree.
 
     Example:
         >>> from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -80,6 +102,7 @@ class OtelSink:
     """
 
     name = "otlp"
+    openinference = True
 
     def __init__(
         self,
@@ -116,12 +139,36 @@ class OtelSink:
         """Extra attributes for one span (exporter-specific conventions); none here."""
         return {}
 
+    def trace_attributes(self, root: SpanNode, nested: bool) -> dict[str, AttributeValue]:
+        """Attributes for every span of ``root``'s tree. ``nested``: the tree is rendered
+        inside the caller's own trace (whose trace-level attributes are not ours to set)."""
+        out: dict[str, AttributeValue] = weave_thread_attributes(root)
+        if self.openinference:
+            out.update(openinference.trace_attributes(root))
+        return out
+
     def emit(self, node: SpanNode, parent: Any) -> None:
         """Create the tree's spans (ended, with their recorded times)."""
-        self._render(node, parent if isinstance(parent, Context) else Context())
+        context = parent if isinstance(parent, Context) else Context()
+        nested = trace.get_current_span(context).get_span_context().is_valid
+        self._render(node, context, self.trace_attributes(node, nested), root=True)
 
-    def _render(self, node: SpanNode, parent: Context) -> SpanContext:
-        attributes = {**node.attributes, **self.decorate(node)}
+    def _render(
+        self,
+        node: SpanNode,
+        parent: Context,
+        inherited: dict[str, AttributeValue],
+        root: bool = False,
+    ) -> SpanContext:
+        attributes = {**node.attributes, **inherited}
+        if self.openinference:
+            chars = self.settings.max_content_chars
+            attributes.update(openinference.span_attributes(node, chars))
+            if root:
+                attributes.update(openinference.root_attributes(node))
+        if WEAVE_THREAD_ID in inherited and node.kind in ("llm", "tool"):
+            attributes[WEAVE_IS_TURN] = True
+        attributes.update(self.decorate(node))
         links = [Link(ctx) for key in node.links if (ctx := self.remembered.get(key)) is not None]
         span = self.tracer.start_span(
             node.name,
@@ -141,7 +188,7 @@ class OtelSink:
             span.set_status(Status(StatusCode.ERROR, node.error))
         inner = trace.set_span_in_context(span, Context())
         for child in node.children:
-            self._render(child, inner)
+            self._render(child, inner, inherited)
         span.end(end_time=ns(node.end_time))
         context = span.get_span_context()
         if node.key:

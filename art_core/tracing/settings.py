@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-EXPORTER_NAMES = ("otlp", "langfuse", "weave", "console")
+EXPORTER_NAMES = ("otlp", "langfuse", "weave", "mlflow", "phoenix", "console")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 

@@ -52,10 +52,15 @@ def make_sink(
     headers: Mapping[str, str] | None = None,
     weave_project: str | None = None,
     langfuse_options: Mapping[str, Any] | None = None,
+    mlflow_options: Mapping[str, Any] | None = None,
+    phoenix_options: Mapping[str, Any] | None = None,
 ) -> Sink:
-    """An exporter from a name (``"otlp"``, ``"console"``, ``"langfuse"``, ``"weave"``), an
-    OpenTelemetry ``SpanExporter``, a ``langfuse.Langfuse`` client, a Weave client, or a
-    ready sink object."""
+    """An exporter from a name (``"otlp"``, ``"console"``, ``"langfuse"``, ``"weave"``,
+    ``"mlflow"``, ``"phoenix"``), an OpenTelemetry ``SpanExporter``, a ``langfuse.Langfuse``
+    client, a Weave client, or a ready sink object.
+
+    ``endpoint`` / ``headers`` go to ``"otlp"``, and to ``"mlflow"`` / ``"phoenix"`` as the
+    server's base URL and extra headers."""
     if isinstance(spec, str):
         name = spec.strip().lower()
         if name == "otlp":
@@ -72,6 +77,18 @@ def make_sink(
             from art_core.tracing.langfuse import LangfuseSink
 
             return LangfuseSink(settings, **dict(langfuse_options or {}))
+        if name == "mlflow":
+            from art_core.tracing.mlflow import MlflowSink
+
+            return MlflowSink(
+                settings, tracking_uri=endpoint, headers=headers, **dict(mlflow_options or {})
+            )
+        if name == "phoenix":
+            from art_core.tracing.phoenix import PhoenixSink
+
+            return PhoenixSink(
+                settings, endpoint=endpoint, headers=headers, **dict(phoenix_options or {})
+            )
         if name == "weave":
             from art_core.tracing.weave import WeaveSink
 
@@ -106,6 +123,8 @@ def enable(
     headers: Mapping[str, str] | None = None,
     weave_project: str | None = None,
     langfuse: Mapping[str, Any] | None = None,
+    mlflow: Mapping[str, Any] | None = None,
+    phoenix: Mapping[str, Any] | None = None,
     settings: TracingSettings | None = None,
     **options: Any,
 ) -> None:
@@ -122,6 +141,7 @@ def enable(
         >>> import art_core.tracing as tracing
         >>> tracing.enable("otlp", endpoint="http://127.0.0.1:4318/v1/traces")  # doctest: +SKIP
         >>> tracing.enable(["langfuse", "weave"], weave_project="team/agent")  # doctest: +SKIP
+        >>> tracing.enable("phoenix", endpoint="http://127.0.0.1:6006")  # doctest: +SKIP
     """
     from art_core.tracing.pipeline import Pipeline
 
@@ -143,6 +163,8 @@ def enable(
                     headers=headers,
                     weave_project=weave_project,
                     langfuse_options=langfuse,
+                    mlflow_options=mlflow,
+                    phoenix_options=phoenix,
                 )
             )
     except BaseException:

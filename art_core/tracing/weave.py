@@ -8,10 +8,12 @@ op's call, so users keep decorating their own functions.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 from art_core.tracing import genai
@@ -45,6 +47,26 @@ def op_name(node: SpanNode) -> str:
     return {"rollout": "art.rollout", "llm": "art.chat", "train": "art.train_step"}.get(
         node.kind, f"art.{node.kind}"
     )
+
+
+def wandb_run_id(node: SpanNode) -> str | None:
+    """The id of the W&B run ``metrics.enable_wandb`` logs this node's model to, or None when
+    W&B logging is off.
+
+    Example:
+        >>> wandb_run_id(SpanNode("r", "rollout", 0, 1)) is None
+        True
+    """
+    from art_core.metrics import state
+
+    if state.wandb_logger() is None:
+        return None
+    project, name = node.attributes.get("art.project"), node.attributes.get("art.model.name")
+    if not isinstance(name, str):
+        return None
+    from art_core.metrics.wandb import run_id
+
+    return run_id(str(project or "default"), name)
 
 
 def _time(seconds: float) -> datetime.datetime:
@@ -97,7 +119,22 @@ class WeaveSink:
 
     # -------------------------------------------------------------- worker side
     def emit(self, node: SpanNode, parent: Any) -> None:
-        self._log(node, parent)
+        with self._wandb_run(node):
+            self._log(node, parent)
+
+    @contextlib.contextmanager
+    def _wandb_run(self, node: SpanNode) -> Iterator[None]:
+        """Link the calls to the model's W&B run (Weave's ``wb_run_id``) while metric logging
+        to W&B is on (``metrics.enable_wandb``), unless the client already has a run set."""
+        run = wandb_run_id(node)
+        if run is None or getattr(self.client, "_wandb_run_context", None) is not None:
+            yield
+            return
+        self.client.set_wandb_run_context(run_id=run)
+        try:
+            yield
+        finally:
+            self.client.clear_wandb_run_context()
 
     def _log(self, node: SpanNode, parent: Any) -> Any:
         attributes = {
@@ -112,8 +149,11 @@ class WeaveSink:
             use_stack=False,
             started_at=_time(node.start_time),
         )
-        for child in node.children:
-            self._log(child, call)
+        # A rollout is a Weave thread: its model and tool calls, logged in the thread's
+        # context below a call outside it, each become one of the thread's turns.
+        with self._thread(node):
+            for child in node.children:
+                self._log(child, call)
         if node.scores:
             call.summary = {"art": {score.name: score.value for score in node.scores}}
         self.client.finish_call(
@@ -129,6 +169,17 @@ class WeaveSink:
                 while len(self._calls) > MAX_REMEMBERED:
                     self._calls.popitem(last=False)
         return call
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _thread(node: SpanNode) -> Iterator[None]:
+        if node.kind != "rollout" or not node.key:
+            yield
+            return
+        from weave.trace.context import call_context
+
+        with call_context.set_thread_id(node.key):
+            yield
 
     @staticmethod
     def _add_feedback(call: Any, scores: list[Score]) -> None:
