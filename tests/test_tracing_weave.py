@@ -108,3 +108,20 @@ def test_a_rollout_inside_a_users_weave_op_is_its_child(weave_record: dict) -> N
         "art.chat",
         "art.tool.get_weather",
     }
+
+
+def test_each_rollout_is_a_weave_thread_whose_calls_are_its_turns(weave_record: dict) -> None:
+    calls = weave_record["calls"]
+    rollouts = [c for c in calls if _op(c) == "art.rollout"]
+    for rollout in rollouts:
+        thread = rollout["inputs"]["rollout_id"]
+        # The rollout call holds the thread; each model and tool call in it is one turn.
+        assert rollout.get("thread_id") is None and rollout.get("turn_id") is None
+        kids = [c for c in calls if c["parent_id"] == rollout["id"]]
+        assert len(kids) == 3
+        for kid in kids:
+            assert kid["thread_id"] == thread and kid["turn_id"] == kid["id"]
+        # metrics.enable_wandb is on: every call names the model's W&B run.
+        for call in (rollout, *kids):
+            assert call["wb_run_id"] == weave_record["wandb_run_id"]
+    assert len({r["inputs"]["rollout_id"] for r in rollouts}) == 3

@@ -24,7 +24,8 @@ import weave
 from tracing_support import tool_rollout
 
 import art_core as art
-from art_core import tracing
+from art_core import metrics, tracing
+from art_core.metrics.wandb import run_id
 from art_core.rewards import ruler_score_group
 from art_core.testing.judge import StandInJudge
 from art_core.testing.standins import WeaveStandIn
@@ -35,6 +36,8 @@ async def main(out: Path, work: Path) -> None:
         os.environ.update(server.env())
         weave.init("tester/art-tests")
         tracing.enable("weave")
+        # W&B metric logging on (offline; nothing is logged here): calls carry its run id.
+        metrics.enable_wandb(mode="offline", dir=str(work))
         async with art.LocalBackend(path=work) as backend:
             model = art.TrainableModel(name="tiny", project="weave-tests", base_model="tiny-random")
             await model.register(backend)
@@ -55,12 +58,14 @@ async def main(out: Path, work: Path) -> None:
             await my_rollout(0.5)
             assert tracing.flush(30), "weave flush timed out"
         tracing.disable()
+        metrics.disable_wandb(30)
         weave.finish()
         result = {
             "calls": list(server.calls.values()),
             "feedback": server.feedback,
             "objects": [o.get("object_id") for o in server.objects],
             "rewards": {t.id: t.reward for g in groups for t in g},
+            "wandb_run_id": f"tester/art-tests/{run_id('weave-tests', 'tiny')}",
         }
     await asyncio.to_thread(out.write_text, json.dumps(result, default=str))
 
