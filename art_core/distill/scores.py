@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from art_core.engines.base import MAX_PROMPT_LOGPROBS
 from art_core.training.sequences import TokenSequence
 
-# The most top logprobs a teacher may be asked for (vLLM's default cap is 20 as well).
-MAX_TOP_K = 20
+# The most top logprobs a teacher may be asked for: what a prompt_logprobs request may ask.
+MAX_TOP_K = MAX_PROMPT_LOGPROBS
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from art_core.engines.base import MAX_PROMPT_LOGPROBS
+
 # The linear projections of Llama/Qwen/Mistral-style decoders: every linear layer of the
 # transformer blocks, the output head excluded (the same default as ART).
 DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = (
@@ -145,9 +147,9 @@ class TeacherConfig(BaseModel):
     adapter: str | None = Field(default=None, min_length=1, max_length=4096)
     api_key_env: str | None = Field(default=None, min_length=1, max_length=256)
     top_k: int = Field(
-        default=20,
+        default=MAX_PROMPT_LOGPROBS,
         ge=0,
-        le=20,
+        le=MAX_PROMPT_LOGPROBS,
         description="Teacher tokens per position for the top-k KL; 0 = the sampled-token "
         "estimate (needs only the sampled tokens' logprobs, but has far more variance).",
     )
