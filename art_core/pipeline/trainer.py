@@ -384,7 +384,7 @@ class PipelineTrainer:
                 self.state.mark_done(item.scenario_index)
             elif not item.group.has_signal and not (
                 # A teacher learns from all-equal groups too (the trainer keeps them).
-                self.keep_groups_without_signal or self.train_config.teacher is not None
+                self.keep_groups_without_signal or self.train_config.trains_equal_groups
             ):
                 dropped["no_signal"] += 1
                 self.state.mark_done(item.scenario_index)

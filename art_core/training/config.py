@@ -246,6 +246,17 @@ class TrainConfig(TrainingSettings):
         "the reverse KL to it joins the loss (see TeacherConfig).",
     )
 
+    @property
+    def trains_equal_groups(self) -> bool:
+        """Whether groups whose rewards are all equal are trained: they carry no advantage,
+        but a teacher's KL still teaches from them.
+
+        Example:
+            >>> TrainConfig().trains_equal_groups
+            False
+        """
+        return self.teacher is not None
+
     @field_validator("scale_rewards", mode="before")
     @classmethod
     def _scale_rewards_bool(cls, value: object) -> object:

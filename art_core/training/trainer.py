@@ -414,7 +414,7 @@ class Trainer:
         prepared = prepare_batch(
             groups,
             scale_rewards=config.scale_rewards,
-            keep_equal_groups=config.teacher is not None,
+            keep_equal_groups=config.trains_equal_groups,
         )
         if config.teacher is not None and prepared.rollouts:
             scored = score_rollouts(
