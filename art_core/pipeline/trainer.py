@@ -166,6 +166,9 @@ class PipelineTrainer:
     - ``eval_fn(model, step[, config])`` every ``eval_every_n_steps`` steps (and at the
       start with ``eval_at_start``): its trajectories or groups are logged as ``val``;
     - ``max_steps``: stop after this many steps (else when the scenarios run out);
+    - ``max_groups_without_signal``: stop (with a warning) after this many groups in a row
+      whose rewards were all equal and so were dropped: a solved (or hopeless) task on
+      endless scenarios would otherwise wait forever for a group to train on (None: wait);
     - ``resume``: continue from the saved position (``pipeline_state.json``);
     - ``overlap``: ``None`` (default) measures both modes on the first steps and keeps the
       faster (see the module's docstring); ``True`` trains while the engine serves on its
@@ -201,6 +204,7 @@ class PipelineTrainer:
         eval_every_n_steps: int = 0,
         eval_at_start: bool = False,
         keep_groups_without_signal: bool = False,
+        max_groups_without_signal: int | None = 256,
         queue_maxsize: int | None = None,
         resume: bool = True,
         state_path: str | Path | None = None,
@@ -229,6 +233,11 @@ class PipelineTrainer:
             ("groups_per_step", batch, 1),
             ("max_steps_off_policy", max_steps_off_policy, 0),
             ("eval_every_n_steps", eval_every_n_steps, 0),
+            (
+                "max_groups_without_signal",
+                1 if max_groups_without_signal is None else max_groups_without_signal,
+                1,
+            ),
         ):
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
@@ -253,6 +262,9 @@ class PipelineTrainer:
         self.eval_every_n_steps = eval_every_n_steps
         self.eval_at_start = eval_at_start
         self.keep_groups_without_signal = keep_groups_without_signal
+        self.max_groups_without_signal = max_groups_without_signal
+        self._without_signal_in_a_row: list[float] = []  # those groups' mean rewards
+        self.stopped_without_signal = False
         self.queue_maxsize = queue_maxsize or 2 * batch
         self.resume = resume
         self.state_path = Path(state_path) if state_path is not None else None
@@ -374,7 +386,7 @@ class PipelineTrainer:
         distillation teacher learns from all-equal ones too (fewer at the very end)."""
         batch: list[_Sampled] = []
         dropped = {"stale": 0, "no_signal": 0}
-        while len(batch) < self.groups_per_step:
+        while len(batch) < self.groups_per_step and not self.stopped_without_signal:
             item = await queue.get()
             if item is None:  # every worker is done: leave the mark for the next call
                 queue.put_nowait(None)
@@ -388,11 +400,33 @@ class PipelineTrainer:
             ):
                 dropped["no_signal"] += 1
                 self.state.mark_done(item.scenario_index)
+                if self._starved(item.group):
+                    break  # train what was gathered; the next call returns nothing
             else:
+                self._without_signal_in_a_row.clear()
                 batch.append(item)
         self.state.dropped_stale += dropped["stale"]
         self.state.dropped_no_signal += dropped["no_signal"]
         return batch, dropped
+
+    def _starved(self, group: TrajectoryGroup) -> bool:
+        """Count a dropped all-equal group; True (after a warning) once
+        ``max_groups_without_signal`` came in a row."""
+        rewards = [t.reward for t in group.trajectories]
+        self._without_signal_in_a_row.append(sum(rewards) / len(rewards) if rewards else 0.0)
+        limit = self.max_groups_without_signal
+        if limit is None or len(self._without_signal_in_a_row) < limit:
+            return False
+        mean = sum(self._without_signal_in_a_row) / len(self._without_signal_in_a_row)
+        logger.warning(
+            "PipelineTrainer stops: the last %d groups each had equal rewards (mean %.3f), so "
+            "none could be trained on; the task looks solved (or out of reach). Pass "
+            "keep_groups_without_signal=True or max_groups_without_signal=None to go on.",
+            limit,
+            mean,
+        )
+        self.stopped_without_signal = True
+        return True
 
     # ------------------------------------------------------------------------------ overlap
     def _overlap_now(self) -> bool:
