@@ -87,7 +87,7 @@ def test_scores_match_a_direct_forward_batched_or_not(
     assert len(batched._batches(sequences, positions)) == 1  # all four in one padded batch
     got = batched.score(sequences, TOP_K)
     assert_close(got, want)
-    assert batched._masked_logits  # only the trained positions' logits were computed
+    assert batched._kept_logits.masked  # only the trained positions' logits were computed
     assert [len(s.token_logprobs) for s in got] == [5, 5, 0, 21, 0, 1]
     for scores in got:
         for row in scores.top_logprobs:
@@ -98,7 +98,7 @@ def test_scores_match_a_direct_forward_batched_or_not(
     assert_close(one_by_one.score(sequences, TOP_K), got)
 
     # Where the model takes no boolean logits_to_keep, every position's logits are computed.
-    one_by_one._masked_logits = False
+    one_by_one._kept_logits.masked = False
     assert_close(one_by_one.score(sequences, TOP_K), got)
 
 

@@ -26,6 +26,7 @@ from art_core.device import choose_device, follow_free_cores, serving_dtype, use
 from art_core.distill.scores import MAX_TOP_K, TeacherScores, trained_positions
 from art_core.embedded import is_embedded_name, resolve_base_model
 from art_core.embedded.gguf import is_gguf_name
+from art_core.training.kept_logits import KeptLogits
 from art_core.training.sequences import TokenSequence
 
 logger = logging.getLogger(__name__)
@@ -92,9 +93,8 @@ class LocalTeacher:
         self._lock = threading.Lock()
         self._model: Any = None
         self._vocab_size = 0
-        # Whether the model takes a boolean ``logits_to_keep`` (transformers >= ~5.2): only
-        # the kept positions' logits are computed. Turned off at the first refusal.
-        self._masked_logits = True
+        # Only the trained positions' logits are computed, where the model allows it.
+        self._kept_logits = KeptLogits("the teacher")
 
     @property
     def model_path(self) -> Path:
@@ -260,7 +260,7 @@ class LocalTeacher:
         if device.type == "cpu":
             follow_free_cores()  # fewer threads while other processes run
         with torch.inference_mode():
-            logits = self._kept_logits(inputs, keep.to(device))
+            logits = self._kept_logits(self._model, inputs, keep.to(device))
             token_lp, top_ids, top_lp = _score_rows(
                 logits, torch.tensor(targets, device=device), top_k
             )
@@ -274,21 +274,6 @@ class LocalTeacher:
             )
             start = end
         return results
-
-    def _kept_logits(self, inputs: dict[str, Any], keep: torch.Tensor) -> torch.Tensor:
-        """The logits of the ``keep`` positions, ``(kept, vocab)``, in row-major order."""
-        if self._masked_logits:
-            try:
-                logits = self._model(**inputs, logits_to_keep=keep).logits
-            except (IndexError, RuntimeError, TypeError) as exc:
-                # Older transformers index hidden states with the mask as if it were 1-D
-                # positions (or take no logits_to_keep): compute every position's logits.
-                logger.info("the teacher refuses a boolean logits_to_keep (%s): full logits", exc)
-                self._masked_logits = False
-            else:
-                # A model that ignored the boolean logits_to_keep returned every position.
-                return logits[keep] if logits.ndim == 3 else logits
-        return self._model(**inputs).logits[keep]
 
 
 def _score_rows(

@@ -47,6 +47,7 @@ from art_core.training.config import (
     TrainingSettings,
     TrainResult,
 )
+from art_core.training.kept_logits import KeptLogits
 from art_core.training.loading import (
     adapter_settings,
     base_weights_dtype,
@@ -98,9 +99,8 @@ class Trainer:
         self._base_dtype: torch.dtype | None = None
         # The running step's cancel event (see ``training.cancel``); None between steps.
         self._cancel: threading.Event | None = None
-        # Whether the model takes a boolean ``logits_to_keep`` (newer transformers): only the
-        # trained positions' logits are computed. Turned off at the first refusal.
-        self._masked_logits = True
+        # Only the trained positions' logits are computed, where the model allows it.
+        self._kept_logits = KeptLogits("the model")
         # On-policy distillation's teacher, kept between steps while its config stays.
         self._teacher: tuple[tuple[str | None, ...], Teacher] | None = None
 
@@ -373,26 +373,12 @@ class Trainer:
         inputs: dict[str, Any] = {
             "input_ids": batch.input_ids.to(device),
             "position_ids": batch.position_ids.to(device),
-            "logits_to_keep": batch.predict_mask.to(device) if self._masked_logits else 0,
             "use_cache": False,
         }
         if batch.attention_mask is not None:
             inputs["attention_mask"] = batch.attention_mask.to(device)
         with self._autocast(config):
-            try:
-                logits = self._model(**inputs).logits
-            except (IndexError, RuntimeError) as exc:
-                if not self._masked_logits:
-                    raise
-                # transformers before ~5.2x indexes hidden states with the mask as if it
-                # were 1-D positions: compute every position's logits (and keep doing so).
-                logger.info("the model refuses a boolean logits_to_keep (%s): full logits", exc)
-                self._masked_logits = False
-                inputs["logits_to_keep"] = 0
-                logits = self._model(**inputs).logits
-        if logits.ndim == 3:
-            # A model that ignored the boolean logits_to_keep returned every position.
-            logits = logits[batch.predict_mask.to(device)]
+            logits = self._kept_logits(self._model, inputs, batch.predict_mask.to(device))
         # One row per trained token (a shared prompt's last position predicts several).
         return logits[batch.target_rows.to(device)]
 
