@@ -80,15 +80,15 @@ def make_sink(
         if name == "mlflow":
             from art_core.tracing.mlflow import MlflowSink
 
-            return MlflowSink(
-                settings, tracking_uri=endpoint, headers=headers, **dict(mlflow_options or {})
-            )
+            # Options win over the shared endpoint/headers: with several servers at once,
+            # each preset names its own (mlflow={"tracking_uri": ...}).
+            options = {"tracking_uri": endpoint, "headers": headers, **dict(mlflow_options or {})}
+            return MlflowSink(settings, **options)
         if name == "phoenix":
             from art_core.tracing.phoenix import PhoenixSink
 
-            return PhoenixSink(
-                settings, endpoint=endpoint, headers=headers, **dict(phoenix_options or {})
-            )
+            options = {"endpoint": endpoint, "headers": headers, **dict(phoenix_options or {})}
+            return PhoenixSink(settings, **options)
         if name == "weave":
             from art_core.tracing.weave import WeaveSink
 
