@@ -913,6 +913,12 @@ SHELL: dict[str, Shell] = {
     # README.md: Engines
     "art-core engines": Shell(expect=("transformers", "auto ->")),
     "art-core engines install vllm": Shell(CI_RUNS),
+    # README.md: See the traces
+    "art-core tracing install mlflow phoenix": Shell(CI_RUNS),
+    "art-core tracing serve phoenix": Shell(
+        "runs until stopped; the README's next block and tests/test_tracing_phoenix.py start "
+        "the same server (TracingServer, the code this command runs) and use it"
+    ),
     # README.md: art-core serve (the token line and the server run as one script)
     'export ART_CORE_TOKEN=$(python -c "import secrets; print(secrets.token_urlsafe(32))")': (
         Shell()

@@ -144,6 +144,9 @@ def server_command(
             "1",
         ]
         env["MLFLOW_DISABLE_TELEMETRY"] = "true"
+        # No background job consumers (7 processes; they make a stop take seconds): the
+        # server's judge/optimizer jobs are not used by tracing.
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
         env["DO_NOT_TRACK"] = "true"
         return command, env
     env.update(
