@@ -29,13 +29,8 @@ from tracing_support import closed_port, tool_rollout, traced_training_run, weat
 
 import art_core as art
 from art_core import metrics, tracing
-from art_core.metrics.mlflow import (
-    ExperimentChoice,
-    MlflowLogger,
-    mlflow_headers,
-    numeric_metrics,
-    resolve_tracking_uri,
-)
+from art_core.metrics.mlflow import MlflowLogger, numeric_metrics
+from art_core.metrics.mlflow_rest import ExperimentChoice, mlflow_headers, resolve_tracking_uri
 from art_core.rewards import ruler_score_group
 from art_core.testing.judge import StandInJudge
 from art_core.testing.pytest_plugin import register_tiny_model

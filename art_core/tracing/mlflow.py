@@ -39,7 +39,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, get_current_span
 
-from art_core.metrics.mlflow import (
+from art_core.metrics.mlflow_rest import (
+    TRACES_PATH,
     ExperimentChoice,
     MlflowError,
     MlflowRest,
@@ -55,7 +56,6 @@ from art_core.tracing.worker import Worker, call_with_timeout
 
 logger = logging.getLogger("art_core.tracing")
 
-TRACES_PATH = "/v1/traces"
 EXPERIMENT_HEADER = (
     "x-mlflow-experiment-id"  # mlflow.tracing.utils.otlp.MLFLOW_EXPERIMENT_ID_HEADER
 )
