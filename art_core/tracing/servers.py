@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from art_core.engines.process import free_port
 from art_core.engines.vllm_runtime import runtimes_dir
 from art_core.files import atomic_write_text
 
@@ -103,13 +103,6 @@ def install_tracing_server(name: str, *, quiet: bool = True) -> Path:
     subprocess.run([python, "-m", "pip", "install", *q, *spec.pins], check=True)
     atomic_write_text(target / MARKER, json.dumps({"pins": list(spec.pins)}))
     return target
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def server_command(
