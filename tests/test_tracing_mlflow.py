@@ -638,10 +638,10 @@ async def test_mlflow_ui_shows_a_rollout_with_its_tool_call_and_reward(
         page = await browser.new_page(viewport={"width": 1600, "height": 1000})
         await page.add_init_script(QUIET_UI)
         # The experiment's trace list: a row per rollout, showing the user's question.
-        await page.goto(
-            f"{mlflow_server.url}/#/experiments/{traced.experiment_id}/traces",
-            wait_until="networkidle",
-        )
+        # Not "networkidle": MLflow's UI keeps polling, so the network may never go quiet.
+        # The locators below wait for what they need.
+        page.set_default_timeout(60_000)
+        await page.goto(f"{mlflow_server.url}/#/experiments/{traced.experiment_id}/traces")
         await page.get_by_text(question, exact=True).click()
         await expect(page).to_have_url(re.compile(f"traceId={trace.info['trace_id']}"))
         # The trace: the rollout's span tree, with its tool call.
