@@ -16,6 +16,7 @@ import logging
 import math
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -234,14 +235,12 @@ class ServiceAPI:
         size = archive.stat().st_size
 
         async def chunks() -> AsyncIterator[bytes]:
-            try:
-                with archive.open("rb") as file:
-                    while chunk := await asyncio.to_thread(file.read, EXPORT_CHUNK_BYTES):
-                        yield chunk
-            finally:
-                await asyncio.to_thread(shutil.rmtree, scratch, True)
+            with archive.open("rb") as file:
+                while chunk := await asyncio.to_thread(file.read, EXPORT_CHUNK_BYTES):
+                    yield chunk
 
-        return StreamingResponse(
+        return _ScratchStreamingResponse(
+            scratch,
             chunks(),
             media_type="application/x-tar",
             headers={"content-length": str(size)},
@@ -326,3 +325,19 @@ class ServiceAPI:
             media_type=NDJSON,
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Job-Id": job.id},
         )
+
+
+class _ScratchStreamingResponse(StreamingResponse):
+    """A streamed response whose scratch folder is removed when the response ends, however it
+    ends: sent, failed, or the client gone before the body started (a client refusing the
+    length hangs up before the first chunk, when a generator's own ``finally`` never runs)."""
+
+    def __init__(self, scratch: Path, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scratch = scratch
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, self.scratch, True)
