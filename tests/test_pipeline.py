@@ -22,10 +22,16 @@ from art_core.model_folder import ModelFolder
 from art_core.pipeline.trainer import PROBE_STEPS, choose_overlap
 
 
+# Overlapped steps need two cores (one samples, one trains): under xdist these run alone, on
+# every core, as on a user's machine.
+WHOLE_MACHINE = pytest.mark.whole_machine
+
+
 def _steps_of(group: art.TrajectoryGroup) -> list[int]:
     return [c.adapter_step for t in group.trajectories for c in t.calls]
 
 
+@WHOLE_MACHINE
 async def test_the_pipeline_learns_the_digits_task(tmp_path: Path) -> None:
     async with art.LocalBackend(path=tmp_path) as backend:
         model = art.TrainableModel(name="digits", project="pipeline", base_model="tiny-random")
@@ -66,6 +72,7 @@ async def test_the_pipeline_learns_the_digits_task(tmp_path: Path) -> None:
     print(f"\npipelined reward by step: {curve}")
 
 
+@WHOLE_MACHINE
 async def test_groups_older_than_allowed_are_dropped_and_counted(tmp_path: Path) -> None:
     async with art.LocalBackend(path=tmp_path) as backend:
         model = art.TrainableModel(name="strict", project="pipeline", base_model="tiny-random")
@@ -191,6 +198,7 @@ async def _train_pipeline(
     return trainer, before, after
 
 
+@WHOLE_MACHINE
 async def test_by_default_the_pipeline_measures_both_modes_and_keeps_the_faster(
     tmp_path: Path,
 ) -> None:
@@ -211,6 +219,7 @@ async def test_by_default_the_pipeline_measures_both_modes_and_keeps_the_faster(
     assert [r["train/pipeline_overlap"] for r in records] == modes
 
 
+@WHOLE_MACHINE
 async def test_lock_step_after_overlap_gives_the_engine_its_threads_back(tmp_path: Path) -> None:
     _, before, after = await _train_pipeline(tmp_path / "a", steps=2, overlap=True)
     budget = cpu_budget()

@@ -32,7 +32,8 @@ async def backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art
         yield local
 
 
-pytestmark = pytest.mark.slow
+# The real 0.5B model: never beside another memory-heavy test under xdist.
+pytestmark = [pytest.mark.slow, pytest.mark.memory_heavy]
 
 TOOLS: list[dict[str, Any]] = [
     {

@@ -725,6 +725,20 @@ def _needs_model(block: Block) -> bool:
     return "register(" in block.source or bool(heavy & set(block.given()))
 
 
+def _marks(block: Block) -> list[pytest.MarkDecorator]:
+    """slow for a block with a model; the background installs it needs (run.sh test); the
+    real 0.5B model never beside another memory-heavy test."""
+    marks = [pytest.mark.slow] if _needs_model(block) else []
+    needs = re.findall(r'TracingServer\("(\w+)"\)', block.source)
+    if "cli_agents" in block.given():
+        needs.append("cli-agents")
+    if needs:
+        marks.append(pytest.mark.needs_install(*needs))
+    if "qwen_model" in block.given():
+        marks.append(pytest.mark.memory_heavy)
+    return marks
+
+
 # Each block runs in a process of its own, forked from one that has already imported torch,
 # transformers and art_core (about 5 s of every block's start on 2 cores, most of the time of
 # a small block). Importing them starts no thread, so the fork is clean; the child exits the
@@ -840,10 +854,7 @@ def fork_server() -> Iterator[ForkServer | None]:
 
 @pytest.mark.parametrize(
     "block",
-    [
-        pytest.param(b, id=b.name, marks=[pytest.mark.slow] if _needs_model(b) else [])
-        for b in PYTHON_BLOCKS
-    ],
+    [pytest.param(b, id=b.name, marks=_marks(b)) for b in PYTHON_BLOCKS],
 )
 def test_python_block_runs(block: Block, tmp_path: Path, fork_server: ForkServer | None) -> None:
     if block.skip() is not None:

@@ -45,6 +45,9 @@ from art_core.tracing.servers import TracingServer, is_installed, server_dir
 from art_core.tracing.settings import TracingSettings
 from art_core.tracing.tree import Score, SpanNode
 
+# run.sh installs it in the background while other tests run
+pytestmark = pytest.mark.needs_install("mlflow", "chromium")
+
 SCORES = {"reward", "ruler_score", "independent_reward"}
 MODEL_NAME, MODEL_PROJECT = "mlflow-agent", "tracing"
 

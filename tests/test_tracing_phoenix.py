@@ -40,6 +40,9 @@ from art_core.tracing.servers import TracingServer, is_installed
 from art_core.tracing.settings import TracingSettings
 from art_core.tracing.tree import Score, SpanNode
 
+# run.sh installs it in the background while other tests run
+pytestmark = pytest.mark.needs_install("phoenix", "chromium")
+
 T = TypeVar("T")
 WAIT_S = 60.0  # Phoenix ingests spans asynchronously; a loaded CI machine may take a while
 SCORES = {"reward", "ruler_score", "independent_reward"}

@@ -25,6 +25,9 @@ import art_core as art
 from art_core.model_folder import ModelFolder
 from art_core.testing.pytest_plugin import register_tiny_model
 
+# run.sh installs it in the background while other tests run
+pytestmark = pytest.mark.needs_install("chromium")
+
 TIMEOUT_MS = 60_000
 
 

@@ -11,6 +11,13 @@ What it gives:
   ``TOKENIZERS_PARALLELISM`` defaults to ``false`` (no fork warnings from tokenizers);
   ``ART_CORE_FOLLOW_FREE_CORES`` to ``0`` (a fixed torch thread count: reproducible sums);
 - the ``slow`` marker (end-to-end tests, still run in CI: deselect with ``-m "not slow"``);
+- under pytest-xdist, each worker pinned to its own share of the cores, and the
+  ``whole_machine`` and ``memory_heavy`` markers (``art_core.testing.workers``);
+- ``needs_install(name)``: wait for ``run.sh``'s background install of ``name`` before the
+  test's setup (``art_core.testing.installs``);
+- with pytest-timeout, a default timeout on every test (300 s; 900 s for ``slow`` tests; a
+  ``timeout`` marker of the test's own wins), failing with every thread's stack and killing
+  the processes the test left running (``art_core.testing.hangs``);
 - session fixtures ``art_path`` (a temporary ``.art`` folder), ``backend`` (a
   ``LocalBackend`` there) and ``tiny_model`` (``tiny-random`` registered on it);
 - ``register_tiny_model(backend, name, project)`` for a suite's own model on that backend;
@@ -40,6 +47,10 @@ from typing import TYPE_CHECKING
 import pytest
 import pytest_asyncio
 
+from art_core.testing.installs import NEEDS_INSTALL_MARKER
+from art_core.testing.run_hooks import RunHooks
+from art_core.testing.workers import MEMORY_HEAVY_MARKER, WHOLE_MACHINE_MARKER
+
 if TYPE_CHECKING:
     import art_core as art
     from art_core.testing.judge import StandInJudge
@@ -59,7 +70,9 @@ SLOW_MARKER = "slow: end-to-end tests on the embedded smollm2-135m model (still 
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", SLOW_MARKER)
+    for marker in (SLOW_MARKER, WHOLE_MACHINE_MARKER, MEMORY_HEAVY_MARKER, NEEDS_INSTALL_MARKER):
+        config.addinivalue_line("markers", marker)
+    config.pluginmanager.register(RunHooks(config), "art-core-run-hooks")
 
 
 async def register_tiny_model(

@@ -19,6 +19,9 @@ from safetensors.torch import load_file
 import art_core as art
 from art_core.testing.checks import assert_prefix_chain
 
+# run.sh installs it in the background while other tests run
+pytestmark = pytest.mark.needs_install("cli-agents")
+
 HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
 BIN = (
