@@ -21,7 +21,6 @@ from art_core.cpu import cpu_budget
 from art_core.model_folder import ModelFolder
 from art_core.pipeline.trainer import PROBE_STEPS, choose_overlap
 
-
 # Overlapped steps need two cores (one samples, one trains): under xdist these run alone, on
 # every core, as on a user's machine.
 WHOLE_MACHINE = pytest.mark.whole_machine
