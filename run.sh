@@ -223,11 +223,13 @@ case "$command" in
     for d in $(integrations); do [ -d "$d/tests" ] && paths+=("$d/tests"); done
     # Side by side: one worker per core this process may use (each pinned to its own core,
     # art_core.testing.workers), a module's tests on one worker (they share its fixtures),
-    # the heaviest modules first (tests/durations.json; bash run.sh durations rewrites it).
+    # the heaviest modules first (tests/durations.json; each run writes its own timings to
+    # .art/test-durations.json: CONTRIBUTING.md, the CI budget).
     workers="${ART_TEST_WORKERS:-$("$VENV/bin/python" -c 'from art_core.cpu import cpu_budget; print(cpu_budget())')}"
-    export ART_TEST_DURATIONS="${ART_TEST_DURATIONS:-$PWD/tests/durations.json}"
+    [ -f tests/durations.json ] && export ART_TEST_DURATIONS="${ART_TEST_DURATIONS:-$PWD/tests/durations.json}"
+    export ART_TEST_DURATIONS_OUT="${ART_TEST_DURATIONS_OUT:-$PWD/.art/test-durations.json}"
     status=0
-    phase pytest "$VENV/bin/python" -m pytest -n "$workers" --dist loadscope --durations=40 \
+    phase pytest "$VENV/bin/python" -m pytest -n "$workers" --dist loadscope --no-loadscope-reorder --durations=40 \
       "${paths[@]}" "$@" || status=$?
     wait_background_installs
     print_phases

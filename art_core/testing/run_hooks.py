@@ -8,12 +8,17 @@ not in module globals.
 Module order: heaviest first, so the long modules start early and the workers finish
 together. ``$ART_TEST_DURATIONS`` names a JSON file ``{module path from the rootdir: seconds}``
 (``tests/durations.json`` in this repository); modules it does not name run after, in
-collection order. ``$ART_TEST_DURATIONS_OUT`` names where the run writes its own timings, in
+collection order. A module with a ``needs_install`` test starts no earlier than after
+``INSTALL_HEADSTART_S`` seconds of other modules' work, so the workers do not sit waiting for
+an install that the checks and the first modules would have covered. ``$ART_TEST_DURATIONS_OUT`` names where the run writes its own timings, in
 the same form (``bash run.sh test`` writes ``.art/test-durations.json``).
 
 Example:
     >>> order_by_weight(["b.py", "a.py", "c.py"], {"a.py": 30.0, "c.py": 5.0})
     ['a.py', 'c.py', 'b.py']
+    >>> weights = {"vllm.py": 250.0, "a.py": 200.0, "b.py": 150.0, "c.py": 10.0}
+    >>> order_by_weight(list(weights), weights, deferred={"vllm.py"}, headstart_s=300.0)
+    ['a.py', 'b.py', 'vllm.py', 'c.py']
 """
 
 from __future__ import annotations
@@ -43,20 +48,43 @@ _install_failures = pytest.StashKey[str]()
 _alarm = pytest.StashKey["hangs.Alarm"]()
 
 
-def order_by_weight(modules: list[str], weights: dict[str, float]) -> list[str]:
-    """``modules`` heaviest first; the ones without a weight after, in their own order."""
-    return sorted(modules, key=lambda m: -weights.get(m, 0.0))
+# Seconds of module work (summed over the workers) before a module that waits for a background
+# install may start: on CI's 2 cores the installs end about 2 minutes into the tests.
+INSTALL_HEADSTART_S = 300.0
+
+
+def order_by_weight(
+    modules: list[str],
+    weights: dict[str, float],
+    deferred: set[str] = frozenset(),  # type: ignore[assignment]
+    headstart_s: float = INSTALL_HEADSTART_S,
+) -> list[str]:
+    """``modules`` (each once) heaviest first, the ones without a weight after in their own
+    order; each of ``deferred`` no earlier than after ``headstart_s`` of the others' weight."""
+    ranked = sorted(dict.fromkeys(modules), key=lambda m: -weights.get(m, 0.0))
+    first = [m for m in ranked if m not in deferred]
+    later = [m for m in ranked if m in deferred]
+    done, cut = 0.0, len(first)
+    for index, module in enumerate(first):
+        if done >= headstart_s:
+            cut = index
+            break
+        done += weights.get(module, 0.0)
+    head, tail = first[:cut], first[cut:]
+    return head + sorted(later + tail, key=lambda m: -weights.get(m, 0.0))
 
 
 def read_weights(path: str) -> dict[str, float]:
-    """The ``{module: seconds}`` file at ``path``; a file that cannot be read is reported and
-    ignored (the order is an optimisation, never a reason to fail a run)."""
+    """The ``{module: seconds}`` file at ``path``; a usage error naming the file and what is
+    wrong with it when it cannot be read."""
     try:
         weights = json.loads(Path(path).read_text())
         return {str(k): float(v) for k, v in weights.items()}
     except (OSError, ValueError, AttributeError, TypeError) as error:
-        warnings.warn(f"{DURATIONS_ENV}={path}: not read ({error})", stacklevel=2)
-        return {}
+        raise pytest.UsageError(
+            f"{DURATIONS_ENV}={path}: not a readable JSON object of module paths to seconds "
+            f"({error})"
+        ) from error
 
 
 class RunHooks:

@@ -64,6 +64,13 @@ def xdist_worker() -> tuple[int, int] | None:
     return int(name[2:]), int(count)
 
 
+def _thread_ids() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: the calling thread only
+        return [0]
+
+
 class CoreShare:
     """This worker's cores: pinned at start, widened to the whole machine for a
     ``whole_machine`` test, pinned again after it."""
@@ -78,7 +85,11 @@ class CoreShare:
         )
 
     def pin(self, cores: list[int]) -> None:
-        os.sched_setaffinity(0, cores)
+        # Every thread of the process: the mask is per thread on Linux, and a thread started
+        # before (a session's engine, a pool) would keep the old one; new threads inherit it.
+        for thread_id in _thread_ids():
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(thread_id, cores)
         # Processes this worker starts read it before importing torch (OpenMP's pool size).
         os.environ["OMP_NUM_THREADS"] = str(len(cores))
         try:
