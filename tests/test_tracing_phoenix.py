@@ -28,6 +28,7 @@ from art_core import tracing
 from art_core.rewards import ruler_score_group
 from art_core.rewards.endpoint import JUDGE_ENV_VARS
 from art_core.testing.judge import StandInJudge
+from art_core.testing.pytest_plugin import register_tiny_model
 from art_core.tracing.phoenix import (
     IDENTIFIER,
     PROJECT_ATTRIBUTE,
@@ -46,6 +47,7 @@ pytestmark = pytest.mark.needs_install("phoenix", "chromium")
 T = TypeVar("T")
 WAIT_S = 60.0  # Phoenix ingests spans asynchronously; a loaded CI machine may take a while
 SCORES = {"reward", "ruler_score", "independent_reward"}
+MODEL_NAME, MODEL_PROJECT = "phoenix-agent", "tracing"
 
 
 # ---------------------------------------------------------------------------- without a server
@@ -295,10 +297,17 @@ class TracedRun:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def agent(backend: art.LocalBackend) -> art.TrainableModel:
+    """A tiny-random model of this module's own: training it leaves the session's
+    ``tiny_model`` at step 0 for the other tests."""
+    return await register_tiny_model(backend, MODEL_NAME, MODEL_PROJECT)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def traced(
     phoenix: TracingServer,
     api: PhoenixApi,
-    tiny_model: art.TrainableModel,
+    agent: art.TrainableModel,
     judge_server: StandInJudge,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> TracedRun:
@@ -314,7 +323,7 @@ async def traced(
             env.delenv(name, raising=False)
         tracing.enable("phoenix", endpoint=phoenix.url, phoenix={"project_name": project})
         try:
-            groups = await traced_training_run(tiny_model, judge_server.base_url, cache / "r.db")
+            groups = await traced_training_run(agent, judge_server.base_url, cache / "r.db")
             assert tracing.flush(60)
             stats = tracing.stats()["phoenix"]
         finally:
@@ -352,7 +361,7 @@ def test_phoenix_shows_each_rollout_as_an_agent_trace_with_llm_and_tool_spans_an
         in_trace = [s for s in spans if s["context"]["trace_id"] == trace_id]
         first, tool, second = children_of(spans, root)
         assert len(in_trace) == 4
-        assert root["span_kind"] == "AGENT" and root["name"] == "invoke_agent tiny"
+        assert root["span_kind"] == "AGENT" and root["name"] == f"invoke_agent {MODEL_NAME}"
         session = attribute(root, "session.id")
         assert isinstance(session, str) and session
         assert trace_id in sessions[session]
@@ -363,7 +372,7 @@ def test_phoenix_shows_each_rollout_as_an_agent_trace_with_llm_and_tool_spans_an
             "LLM",
         ]
         for span, call in zip((first, second), trajectory.calls, strict=True):
-            assert attribute(span, "llm.model_name") == "tiny"
+            assert attribute(span, "llm.model_name") == MODEL_NAME
             assert attribute(span, "llm.token_count.prompt") == len(call.prompt_token_ids)
             assert attribute(span, "llm.token_count.completion") == len(call.completion_token_ids)
         asked = messages(first, "input")
@@ -494,7 +503,7 @@ async def test_phoenix_ui_shows_a_rollout_with_its_tool_call_and_reward(
         page.set_default_timeout(TIMEOUT_MS)
         # The project's span list; a rollout's root span opens its trace.
         await page.goto(f"{phoenix.url}/projects/{project['id']}")
-        await page.get_by_text("invoke_agent tiny").first.click()
+        await page.get_by_text(f"invoke_agent {MODEL_NAME}").first.click()
         await page.wait_for_url("**/spans/*")
         trace_id = page.url.split("/spans/")[1].split("?")[0]
         assert trace_id in roots, page.url
@@ -504,8 +513,12 @@ async def test_phoenix_ui_shows_a_rollout_with_its_tool_call_and_reward(
         await expect(tree.filter(has_text="execute_tool get_weather")).to_have_count(
             1, timeout=TIMEOUT_MS
         )
-        await expect(tree.filter(has_text="chat tiny")).to_have_count(2, timeout=TIMEOUT_MS)
-        await expect(tree.filter(has_text="invoke_agent tiny")).to_have_count(1, timeout=TIMEOUT_MS)
+        await expect(tree.filter(has_text=f"chat {MODEL_NAME}")).to_have_count(
+            2, timeout=TIMEOUT_MS
+        )
+        await expect(tree.filter(has_text=f"invoke_agent {MODEL_NAME}")).to_have_count(
+            1, timeout=TIMEOUT_MS
+        )
         # The rollout's annotations on its node of the trace tree, as Phoenix rounds them.
         for name in ("reward", "ruler_score"):
             badge = page.locator(f'.span-annotations .annotation-summary-badge[title="{name}"]')
@@ -519,7 +532,7 @@ async def test_phoenix_ui_shows_a_rollout_with_its_tool_call_and_reward(
         await tree.filter(has_text="execute_tool get_weather").click()
         await expect(page.get_by_text(weather(city)).first).to_be_visible(timeout=TIMEOUT_MS)
         # Back on the rollout: its annotations with their values, then the picture.
-        await tree.filter(has_text="invoke_agent tiny").click()
+        await tree.filter(has_text=f"invoke_agent {MODEL_NAME}").click()
         for name in ("reward", "ruler_score"):
             # (the span list behind the trace holds hidden chips of every rollout)
             chip = page.locator(
