@@ -5,18 +5,21 @@ metrics, must fail here and not on a user's fresh clone. ``--smoke`` runs each s
 tiny-random (or the fewest steps) through every code path it has, including a step that
 trains nothing, a failed group and a missing baseline, and prints the same table.
 
-Each script runs in its own process, as ``bash run.sh bench NAME --smoke`` runs it, with the
-test session's models folder (the embedded models are built once).
+Each script runs in its own process, as ``bash run.sh bench NAME --smoke`` runs it (``python
+benchmarks/NAME.py --smoke``), with the test session's models folder (the embedded models are
+built once): forked from one that has already imported torch, transformers and art_core
+(``fork_support``), so no run pays those imports again.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fork_support import ForkServer
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_"))
@@ -33,24 +36,37 @@ def test_every_benchmark_is_covered() -> None:
     assert not missing, f"benchmarks without a --smoke flag: {missing}"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_benchmark_smoke(script: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def fork_server() -> Iterator[ForkServer]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # As a user runs them: torch threads follow the free cores (the test session fixes them
     # for bit-exact comparisons, which on a busy machine makes each step 10-50x slower).
     env.pop("ART_CORE_FOLLOW_FREE_CORES", None)
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--smoke"],
-        cwd=tmp_path,  # anything a script writes beside its table stays in the test's folder
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
+    server = ForkServer([sys.executable, str(Path(__file__).parent / "fork_support.py")], env)
+    try:
+        assert server.ready, "the fork server did not start (a thread after its imports?)"
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_benchmark_smoke(script: str, tmp_path: Path, fork_server: ForkServer) -> None:
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    returncode = fork_server.run(
+        {
+            "argv": [str(ROOT / "benchmarks" / f"{script}.py"), "--smoke"],
+            # anything a script writes beside its table stays in the test's folder
+            "cwd": str(tmp_path),
+            "out": str(out),
+            "err": str(err),
+        },
+        TIMEOUT_S,
     )
-    tail = (proc.stdout[-4000:] + "\n--- stderr ---\n" + proc.stderr[-4000:]).strip()
-    assert proc.returncode == 0, f"{script} --smoke exited {proc.returncode}:\n{tail}"
-    assert proc.stdout.strip(), f"{script} --smoke printed no table:\n{tail}"
+    stdout, stderr = out.read_text(), err.read_text()
+    tail = (stdout[-4000:] + "\n--- stderr ---\n" + stderr[-4000:]).strip()
+    assert returncode == 0, f"{script} --smoke exited {returncode}:\n{tail}"
+    assert stdout.strip(), f"{script} --smoke printed no table:\n{tail}"
     if script not in NOT_MEASURING:  # its figures depend on the machine: it names it
-        assert proc.stdout.startswith("machine: "), f"{script} does not name the machine:\n{tail}"
+        assert stdout.startswith("machine: "), f"{script} does not name the machine:\n{tail}"

@@ -2,7 +2,7 @@
 
 Python blocks. Every fenced ``python`` block of ``README.md`` and of each
 ``integrations/*/README.md`` runs in a process of its own (forked from one that has already
-imported torch and art_core, see ``zygote``), in a fresh temporary folder (its ``.art``, JSONL
+imported torch and art_core, see ``fork_support``), in a fresh temporary folder (its ``.art``, JSONL
 files and task folders land there), with the virtual environment's ``bin`` on ``PATH`` as
 ``run.sh`` puts it. Top-level ``await`` works (the block is compiled with
 ``ast.PyCF_ALLOW_TOP_LEVEL_AWAIT`` and awaited on one event loop), and tracebacks name the
@@ -50,7 +50,6 @@ import inspect
 import itertools
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -64,6 +63,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from fork_support import ForkServer, zygote
 
 ROOT = Path(__file__).resolve().parent.parent
 READMES = [
@@ -740,112 +740,16 @@ def _marks(block: Block) -> list[pytest.MarkDecorator]:
 
 
 # Each block runs in a process of its own, forked from one that has already imported torch,
-# transformers and art_core (about 5 s of every block's start on 2 cores, most of the time of
-# a small block). Importing them starts no thread, so the fork is clean; the child exits the
-# normal way (atexit handlers run), so a hang at exit still fails its block. Where the forking
-# process cannot start (a thread running after the imports), each block starts from scratch.
-PREIMPORT = (
-    "torch",
-    "transformers.masking_utils",
-    "transformers.modeling_layers",
-    "art_core.backends.local",
-    "art_core.engines.transformers_engine",
-    "art_core.training.trainer",
-)
-
-
-def zygote() -> None:
-    """``python tests/test_readme.py --fork-server``: import ``PREIMPORT``, say ``ready``, then
-    for each line ``{"spec", "cwd", "out"}`` read on stdin fork a child that runs that block
-    (its own session, output to ``out``), print the child's pid, then its exit status."""
-    import importlib
-    import traceback
-
-    for name in PREIMPORT:
-        importlib.import_module(name)
-    if threading.active_count() != 1:
-        print(f"not forking: {threading.active_count()} threads after the imports", flush=True)
-        return
-    print("ready", flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:  # the child: run the block, then exit through the interpreter
-            os.setsid()
-            os.chdir(request["cwd"])
-            out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(out, 1)
-            os.dup2(out, 2)
-            status = 1
-            try:
-                run_block_here(json.loads(Path(request["spec"]).read_text()))
-                status = 0
-            except SystemExit as exc:
-                status = exc.code if isinstance(exc.code, int) else 1
-                if exc.code is not None and not isinstance(exc.code, int):
-                    print(exc.code, file=sys.stderr)
-            except BaseException:
-                traceback.print_exc()
-            raise SystemExit(status)
-        print(pid, flush=True)
-        _, wait_status = os.waitpid(pid, 0)
-        print(os.waitstatus_to_exitcode(wait_status), flush=True)
-
-
-class ForkServer:
-    """The pytest side of ``zygote``: one request at a time, each with ``TIMEOUT_S``."""
-
-    def __init__(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--fork-server"],
-            env=child_env(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self.ready = self._line(120) == "ready"
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.put(line.strip())
-
-    def _line(self, timeout: float) -> str:
-        try:
-            return self.lines.get(timeout=timeout)
-        except queue.Empty:
-            return ""
-
-    def run(self, spec: Path, cwd: Path) -> tuple[int, str]:
-        """Run the block of ``spec`` in ``cwd``: its exit status and the tail of its output."""
-        assert self.process.stdin is not None
-        out = cwd / "output.txt"
-        request = {"spec": str(spec), "cwd": str(cwd), "out": str(out)}
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        pid = int(self._line(60))
-        status = self._line(TIMEOUT_S)
-        if not status:
-            os.killpg(pid, signal.SIGKILL)
-            status = self._line(60)
-            out.open("a").write(f"\n(killed after {TIMEOUT_S} s)")
-        return int(status or -9), out.read_text()[-12000:]
-
-    def close(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
+# transformers and art_core (tests/fork_support.py: about 5 s of every block's start on 2
+# cores, most of the time of a small block). Where the forking process cannot start (a thread
+# running after the imports), each block starts from scratch.
 
 
 @pytest.fixture(scope="module")
 def fork_server() -> Iterator[ForkServer | None]:
-    server = ForkServer()
+    server = ForkServer(
+        [sys.executable, str(Path(__file__).resolve()), "--fork-server"], child_env()
+    )
     try:
         yield server if server.ready else None
     finally:
@@ -870,7 +774,10 @@ def test_python_block_runs(block: Block, tmp_path: Path, fork_server: ForkServer
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     if fork_server is not None:
-        returncode, tail = fork_server.run(tmp_path / "spec.json", tmp_path)
+        out = tmp_path / "output.txt"
+        request = {"spec": str(tmp_path / "spec.json"), "cwd": str(tmp_path), "out": str(out)}
+        returncode = fork_server.run(request, TIMEOUT_S)
+        tail = out.read_text()[-12000:]
     else:
         argv = [sys.executable, str(Path(__file__).resolve()), str(tmp_path / "spec.json")]
         returncode, _, tail = run_child(argv, tmp_path, child_env())
@@ -1113,6 +1020,6 @@ def test_shell_block_runs(block: Block, tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--fork-server":
-        zygote()
+        zygote(lambda request: run_block_here(json.loads(Path(request["spec"]).read_text())))
     else:
         run_block_here(json.loads(Path(sys.argv[1]).read_text()))

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from art_core.testing import installs
-from art_core.testing.workers import CoreShare, RunLocks, xdist_worker
+from art_core.testing.workers import CoreShare, RunLocks
 
 try:  # only with the dev extra: pytest-timeout, and psutil to reap what a hung test started
     import pytest_timeout  # noqa: F401
@@ -95,10 +95,15 @@ class RunHooks:
         self.is_controller = not self.is_worker and config.getoption("dist", "no") != "no"
         self.cores: CoreShare | None = None
         self.locks: RunLocks | None = None
-        if xdist_worker() is not None and hasattr(os, "sched_setaffinity"):
-            self.cores = CoreShare()
-            self.cores.pin(self.cores.own)
-            self.locks = RunLocks(os.environ.get("PYTEST_XDIST_TESTRUNUID", "local"))
+        # What xdist tells its worker itself, not the PYTEST_XDIST_* variables it exports: a
+        # pytest that a test starts inherits those without being a worker of this run.
+        worker = getattr(config, "workerinput", None)
+        if worker is not None and hasattr(os, "sched_setaffinity"):
+            name, count = str(worker.get("workerid", "")), worker.get("workercount")
+            if name.startswith("gw") and name[2:].isdigit() and isinstance(count, int):
+                self.cores = CoreShare(int(name[2:]), count)
+                self.cores.pin(self.cores.own)
+                self.locks = RunLocks(str(worker["testrunuid"]))
         self.module_seconds: dict[str, float] = {}
 
     def pytest_collection_modifyitems(

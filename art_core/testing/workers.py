@@ -15,7 +15,7 @@ Two markers decide what may run beside what:
 - ``memory_heavy``: the test holds gigabytes (the real 0.5B model, a training run on it). Two
   such tests never overlap; other tests still run beside them.
 
-The locks are ``flock`` files in a folder of this test run (``PYTEST_XDIST_TESTRUNUID``), so
+The locks are ``flock`` files in a folder of this test run (xdist's ``testrunuid``), so
 they are released by the kernel when a worker dies. Without xdist everything here is a no-op.
 
 Example:
@@ -55,15 +55,6 @@ def share_of_cores(cores: list[int], workers: int, index: int) -> list[int]:
     return cores[start : start + per + (1 if index < extra else 0)]
 
 
-def xdist_worker() -> tuple[int, int] | None:
-    """(index, count) of this xdist worker from the variables xdist sets, or None."""
-    name = os.environ.get("PYTEST_XDIST_WORKER", "")
-    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
-    if not name.startswith("gw") or not count.isdigit():
-        return None
-    return int(name[2:]), int(count)
-
-
 def _thread_ids() -> list[int]:
     try:
         return [int(t) for t in os.listdir("/proc/self/task")]
@@ -72,17 +63,12 @@ def _thread_ids() -> list[int]:
 
 
 class CoreShare:
-    """This worker's cores: pinned at start, widened to the whole machine for a
-    ``whole_machine`` test, pinned again after it."""
+    """Worker ``index`` of ``workers``'s cores: pinned at start, widened to the whole machine
+    for a ``whole_machine`` test, pinned again after it."""
 
-    def __init__(self) -> None:
+    def __init__(self, index: int, workers: int) -> None:
         self.all_cores = sorted(os.sched_getaffinity(0))
-        worker = xdist_worker()
-        self.own = (
-            self.all_cores
-            if worker is None
-            else share_of_cores(self.all_cores, workers=worker[1], index=worker[0])
-        )
+        self.own = share_of_cores(self.all_cores, workers=workers, index=index)
 
     def pin(self, cores: list[int]) -> None:
         # Every thread of the process: the mask is per thread on Linux, and a thread started
