@@ -32,7 +32,6 @@ from pathlib import Path
 
 import pytest
 
-from art_core.files import atomic_write_text
 from art_core.testing import installs
 from art_core.testing.workers import CoreShare, RunLocks
 
@@ -128,9 +127,9 @@ class RunHooks:
                 except ValueError:
                     return str(item.path)
 
-            deferred = {module(i) for i in items if i.get_closest_marker("needs_install")}
-            order = order_by_weight([module(i) for i in items], weights, deferred)
-            rank = {m: i for i, m in enumerate(order)}
+            rank = {
+                m: i for i, m in enumerate(order_by_weight([module(i) for i in items], weights))
+            }
             items.sort(key=lambda item: rank[module(item)])  # stable within a module
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -204,8 +203,10 @@ class RunHooks:
         out = os.environ.get(DURATIONS_OUT_ENV)
         if out and not self.is_worker and self.module_seconds:
             ranked = sorted(self.module_seconds.items(), key=lambda kv: -kv[1])
-            text = json.dumps({k: round(v, 1) for k, v in ranked}, indent=1) + "\n"
-            atomic_write_text(Path(out), text)
+            target = Path(out)
+            temporary = target.with_name(target.name + ".tmp")
+            temporary.write_text(json.dumps({k: round(v, 1) for k, v in ranked}, indent=1) + "\n")
+            temporary.replace(target)
         if hangs is not None and not self.is_controller:
             # Nothing a test started outlives the session (a server a fixture failed to stop);
             # never in an xdist controller, whose children are the workers.
