@@ -39,6 +39,7 @@ from art_core.trajectories import (
 )
 
 if TYPE_CHECKING:  # imported lazily below; these lines give type checkers the real types
+    from art_core.evals import EvalReport, evaluate
     from art_core.rewards import DEFAULT_RUBRIC, ruler, ruler_score_group
     from art_core.sft import best_trajectories, load_chat_jsonl
     from art_core.sft.teacher import TeacherProxy, teacher_trajectories
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # imported lazily below; these lines give type checkers the r
 __all__ = [
     "DEFAULT_RUBRIC",
     "Backend",
+    "EvalReport",
     "History",
     "LLMCall",
     "LocalBackend",
@@ -83,6 +85,7 @@ __all__ = [
     "capture",
     "current_run",
     "dev",
+    "evaluate",
     "gather_trajectories",
     "gather_trajectory_groups",
     "load_chat_jsonl",
@@ -121,6 +124,10 @@ def __getattr__(name: str) -> object:
         from art_core.sft import teacher
 
         return getattr(teacher, name)
+    if name in ("evaluate", "EvalReport"):
+        from art_core import evals
+
+        return getattr(evals, name)
     if name in ("ruler", "ruler_score_group", "DEFAULT_RUBRIC"):
         from art_core import rewards
 

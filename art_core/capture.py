@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from art_core.clients import async_openai_client, sync_openai_client
@@ -19,6 +20,30 @@ if TYPE_CHECKING:
 
     from art_core.model import TrainableModel
 
+# The adapter step that rollouts opened in this context call by name (``NAME@STEP``); None:
+# the step the backend serves by default. ``art_core.evals`` sets it so that an unchanged
+# rollout function runs against the checkpoint under evaluation (step 0: the base model).
+_pinned_step: ContextVar[int | None] = ContextVar("art_pinned_step", default=None)
+
+
+@contextmanager
+def pin_step(step: int | None) -> Iterator[None]:
+    """Within the block, ``run.model_name`` of every rollout opened (in this task and the
+    tasks it starts) names adapter ``step`` (``NAME@STEP``, which the gateway serves while
+    that adapter is loaded); None: the default one.
+
+    Example:
+        >>> with pin_step(0):  # doctest: +SKIP
+        ...     trajectory = await rollout(model, task)  # its calls use the base model
+    """
+    if step is not None and step < 0:
+        raise ValueError(f"a step is >= 0, got {step}")
+    token = _pinned_step.set(step)
+    try:
+        yield
+    finally:
+        _pinned_step.reset(token)
+
 
 class Run:
     """One rollout: its id, its base URL, and the calls the gateway recorded for it."""
@@ -29,6 +54,8 @@ class Run:
         self.model = model
         self.rollout_id = rollout_id
         self.metadata = metadata
+        # The adapter step this rollout calls by name (``pin_step``); None: the default one.
+        self.adapter_step = _pinned_step.get()
         root = model.inference_base_url.removesuffix("/").removesuffix("/v1")
         # Anthropic's clients append /v1/messages to their base URL; OpenAI's append
         # /responses, /chat/completions, /completions to theirs, which ends in /v1.
@@ -42,7 +69,7 @@ class Run:
 
     @property
     def model_name(self) -> str:
-        return self.model.get_inference_name()
+        return self.model.get_inference_name(self.adapter_step)
 
     def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` client whose calls are recorded in this rollout; its

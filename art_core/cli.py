@@ -17,6 +17,7 @@ COMMANDS: list[str] = [
     "art_core.art_alias_cli",
     "art_core.demo",
     "art_core.engines.cli",
+    "art_core.evals.cli",
     "art_core.export.cli",
     "art_core.rewards.cli",
     "art_core.server.cli",

@@ -848,6 +848,12 @@ SHELL: dict[str, Shell] = {
             ("/data/.art", "art", "no /data here: a folder of the test's own"),
         ),
     ),
+    # README.md: Did it learn? art-core eval
+    "art-core eval demo agent-001 --rollout my_agent:rollout_task --tasks test.jsonl "
+    "--select-tasks val.jsonl --steps 0,latest,best --k 1,4": Shell(
+        "needs the user's own rollout module and a trained model; tests/test_evals.py runs "
+        "`art-core eval` on a trained tiny-random model with a rollout module of its own"
+    ),
     # README.md: art-core ui
     "art-core ui .art": Shell(UI),
     "art-core ui .art --host 0.0.0.0": Shell(UI),

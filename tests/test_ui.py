@@ -19,6 +19,7 @@ from remote_support import ServerProcess
 from ui_support import GROUP_SIZE, PROMPTS, ViewerServer, train_steps
 
 import art_core as art
+from art_core.diagnoses import diagnose
 from art_core.model_folder import ModelFolder
 from art_core.testing.pytest_plugin import register_tiny_model
 from art_core.training.advantages import group_advantages
@@ -286,6 +287,52 @@ def test_damaged_folder_shows_what_is_wrong(trained: ModelFolder, tmp_path: Path
         assert not tokens["available"] and "cannot be assembled" in tokens["reason"]
         empty = client.get(f"/api/runs/ui/ui-agent/steps/train/1/rollouts/{rows[2]['id']}")
         assert "no recorded calls" in empty.json()["tokens"]["reason"]
+
+
+def test_run_page_shows_diagnoses_and_evaluations(trained: ModelFolder, tmp_path: Path) -> None:
+    """Why a step learned little and each evaluation with its intervals, as recorded; a record
+    of the wrong shape is named, not shown half-read."""
+    folder = damaged_copy(trained, tmp_path)
+    runs = [art.Trajectory(reward=0.0, metadata={"final_answer": str(n)}) for n in range(4)]
+    diagnoses = [d.model_dump() for d in diagnose([art.TrajectoryGroup(runs)])]
+    evaluation = {
+        "split": "eval",
+        "step": 2,
+        "time": 1.0,
+        "eval_split": "test",
+        "eval_label": "best",
+        "tasks": 20,
+        "runs": 80,
+        "eval/mean_reward": 0.41,
+        "eval/mean_reward_low": 0.3,
+        "eval/mean_reward_high": 0.53,
+        "eval/pass@4": 0.7,
+        "eval/pass@4_low": 0.5,
+        "eval/pass@4_high": 0.85,
+        "eval/tokens_per_run": 31.5,
+    }
+    with folder.history.open("a", encoding="utf-8") as file:
+        for record in (
+            {"step": 7, "split": "diagnoses", "time": 1.0, "diagnoses": diagnoses},
+            evaluation,
+            {"step": 8, "split": "diagnoses", "diagnoses": [{"code": "x"}]},
+        ):
+            file.write(json.dumps(record) + "\n")
+    with ViewerServer(tmp_path / "art") as server, httpx.Client(base_url=server.url) as client:
+        page = client.get("/api/runs/ui/ui-agent").json()
+    [shown] = [s for s in page["diagnoses"] if s["step"] == 7]
+    assert [d["code"] for d in shown["diagnoses"]] == ["constant_reward"]
+    assert shown["diagnoses"][0]["finding"] == diagnoses[0]["finding"]
+    assert "check the reward function" in shown["diagnoses"][0]["setting"]
+    assert not any(s["step"] == 8 for s in page["diagnoses"])
+    assert any("a diagnosis without code/finding/setting" in p for p in page["summary"]["problems"])
+    [shown_eval] = page["evals"]
+    assert (shown_eval["step"], shown_eval["label"], shown_eval["split"]) == (2, "best", "test")
+    assert shown_eval["metrics"] == [
+        {"name": "mean_reward", "value": 0.41, "low": 0.3, "high": 0.53},
+        {"name": "pass@4", "value": 0.7, "low": 0.5, "high": 0.85},
+    ]
+    assert shown_eval["tokens_per_run"] == 31.5 and shown_eval["tool_errors_per_run"] is None
 
 
 def test_missing_tokenizer_shows_ids(trained: ModelFolder, tmp_path: Path) -> None:

@@ -291,3 +291,48 @@ async def test_hostile_record_is_shown_as_text(
         assert markup in await page.locator("#rollouts").inner_text()
         assert await page.title() == "art-core ui"
     assert not [e for e in tab.errors if e.startswith("uncaught")]
+
+
+async def test_run_page_shows_why_and_the_evaluations(
+    tab: Page, folder: ModelFolder, tmp_path: Path, shots: Path
+) -> None:
+    """A step's diagnoses (with the setting to change) and an evaluation with its intervals,
+    drawn from the history as text."""
+    copy = ModelFolder(tmp_path / "art" / "ui-browser" / "models" / "browser-agent")
+    shutil.copytree(folder.root, copy.root, ignore=shutil.ignore_patterns("checkpoints"))
+    markup = "<img src=x onerror=\"document.title='pwned'\">"
+    diagnosis = {
+        "code": "truncated",
+        "finding": f"8 of 8 runs had a response cut by max_tokens (2) {markup}",
+        "setting": "raise max_tokens (art_mcp: RolloutSettings(max_tokens=...), --max-tokens)",
+        "share": 1.0,
+        "threshold": 0.2,
+        "unit": "rollouts",
+    }
+    evaluation = {
+        "split": "eval",
+        "step": 2,
+        "eval_split": "test",
+        "eval_label": "best",
+        "tasks": 20,
+        "runs": 80,
+        "eval/mean_reward": 0.41,
+        "eval/mean_reward_low": 0.3,
+        "eval/mean_reward_high": 0.53,
+    }
+    with copy.history.open("a", encoding="utf-8") as file:
+        file.write(json.dumps({"step": 3, "split": "diagnoses", "diagnoses": [diagnosis]}) + "\n")
+        file.write(json.dumps(evaluation) + "\n")
+    with ViewerServer(tmp_path / "art") as server:
+        page = tab.page
+        await page.goto(f"{server.url}/run/ui-browser/browser-agent")
+        item = page.locator('#diagnoses [data-step="3"] li[data-code="truncated"]')
+        await item.wait_for()
+        text = await item.inner_text()
+        assert diagnosis["finding"] in text and "--max-tokens" in text
+        cells = await page.locator("#evals tbody tr").first.locator("td").all_inner_texts()
+        assert cells[:6] == ["2", "best", "test", "20", "80", "0.41 [0.3, 0.53]"]
+        assert await page.locator("main img").count() == 0
+        assert await page.title() == "art-core ui"
+        await page.screenshot(path=str(shots / "ui-run-findings.png"), full_page=True)
+    assert tab.errors == []

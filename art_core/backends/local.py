@@ -23,6 +23,7 @@ from art_core.backends.base import BackendBase, ProgressCallback
 from art_core.backends.s3 import SyncReport, pull_model_folder, push_model_folder
 from art_core.chat_formats import chat_format_settings
 from art_core.cpu import cpu_budget
+from art_core.diagnoses import diagnose
 from art_core.embedded import resolve_base_model
 from art_core.engines.base import Engine
 from art_core.engines.select import choose_engine
@@ -428,6 +429,7 @@ class LocalBackend(BackendBase):
                 finally:
                     await self.server.call(engine.resume())
         await self._log_serving(entry, result)
+        await self._diagnose(entry, groups, result)
         tracing.train_step_finished(model, groups, config, result, started)
         metric_hooks.train_step_finished(model, result.metrics, result.step)
         return result
@@ -483,6 +485,30 @@ class LocalBackend(BackendBase):
         result.metrics.update(serving)
         record = {"step": result.step, "split": "serving", "time": time.time(), **serving}
         await asyncio.to_thread(entry.folder.append_history, record)
+
+    async def _diagnose(
+        self, entry: _Registered, groups: list[TrajectoryGroup], result: TrainResult
+    ) -> None:
+        """Why the step's groups taught little or nothing (``art_core.diagnoses``): into the
+        result, a ``diagnoses`` record of ``history.jsonl`` (under the step that sampled the
+        groups, as the step's train record) and the log when the step trained nothing."""
+        result.diagnoses = await asyncio.to_thread(diagnose, groups)
+        if not result.diagnoses:
+            return
+        sampled = result.step if result.nothing_trained else result.step - 1
+        record = {
+            "step": sampled,
+            "split": "diagnoses",
+            "time": time.time(),
+            "diagnoses": [d.model_dump() for d in result.diagnoses],
+        }
+        await asyncio.to_thread(entry.folder.append_history, record)
+        if result.nothing_trained:
+            logger.warning(
+                "why step %d trained nothing:\n%s",
+                sampled + 1,
+                "\n".join(f"  {d.line()}" for d in result.diagnoses),
+            )
 
     async def _serve_result(self, engine: Engine, result: TrainResult) -> None:
         """Load the adapter a step produced (nothing to do when it trained nothing)."""

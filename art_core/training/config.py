@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from art_core.diagnoses.diagnosis import Diagnosis
 from art_core.engines.base import MAX_PROMPT_LOGPROBS
 
 # The linear projections of Llama/Qwen/Mistral-style decoders: every linear layer of the
@@ -368,7 +369,9 @@ class TrainResult(BaseModel):
     ``checkpoint_path`` is a standard PEFT adapter folder (loadable with
     ``PeftModel.from_pretrained``), plus the optimizer state and trainer state. When the
     groups held nothing to train on, ``nothing_trained`` says why, ``step`` is unchanged and
-    ``checkpoint_path`` is the current checkpoint (None for the base model).
+    ``checkpoint_path`` is the current checkpoint (None for the base model). ``diagnoses``
+    are the rules of ``art_core.diagnoses`` that fired on the step's records, each naming the
+    setting that would change what it found.
 
     Example:
         >>> result = TrainResult(step=1, metrics={"train/loss": 0.1}, checkpoint_path="/m/0001")
@@ -382,3 +385,6 @@ class TrainResult(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
     checkpoint_path: str | None
     nothing_trained: str | None = None
+    # Why the step's groups taught little or nothing, read from their records
+    # (``art_core.diagnoses``): filled in by the backend after the step.
+    diagnoses: list[Diagnosis] = Field(default_factory=list)

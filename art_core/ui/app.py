@@ -31,6 +31,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from art_core.ui.curves import curve_csv, metric_curve, recorded_metrics, run_curves
+from art_core.ui.findings import run_diagnoses, run_evals
 from art_core.ui.folder import ArtFolder, ModelRef, NotFound, read_history, run_summary, step_files
 from art_core.ui.rollout import call_details, conversation, read_signal, token_view
 from art_core.ui.steps import StepCache
@@ -133,12 +134,18 @@ class Viewer:
         known = request.query_params.get("known")
         if known is not None and known == str(history.size):
             return Response(status_code=204, headers=_SECURITY_HEADERS)
+        diagnoses, diagnosis_problems = run_diagnoses(history.records)
+        evals, eval_problems = run_evals(history.records)
+        summary = run_summary(model, history)
+        summary["problems"] = [*summary.get("problems", []), *diagnosis_problems, *eval_problems]
         return {
-            "summary": run_summary(model, history),
+            "summary": summary,
             "history_size": history.size,
             "curves": run_curves(history.records),
             "metrics": recorded_metrics(history.records),
             "steps": step_files(model.folder),
+            "diagnoses": diagnoses,
+            "evals": evals,
         }
 
     async def run(self, request: Request) -> Response:

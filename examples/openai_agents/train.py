@@ -130,6 +130,8 @@ async def main(args: argparse.Namespace) -> list[float]:
                 + (f", loss {loss:.4f}" if loss is not None else "")
                 + f" ({time.time() - started:.0f}s)"
             )
+            for diagnosis in result.diagnoses:  # why the step learned little, if it did
+                print(f"  why: {diagnosis.line()}")
         folder = backend.model_folder(model) / "trajectories" / "train"
         print(f"trained on: {sorted(p.name for p in folder.glob('*.jsonl'))} in {folder}")
     finally:

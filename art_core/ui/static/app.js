@@ -120,6 +120,7 @@ async function runPage(project, name) {
   const charts = h("div", {class: "charts", id: "charts"});
   const extra = h("div", {class: "charts", id: "extra-chart"});
   const steps = h("div", {id: "steps"});
+  const findings = h("div", {id: "findings"});
   const header = h("div", {});
   const picker = h("select", {id: "metric-picker"});
   async function drawExtra() {
@@ -148,10 +149,12 @@ async function runPage(project, name) {
     const stepLinks = Object.entries(data.steps).map(([split, list]) =>
       h("p", {dataset: {split}}, h("b", {}, `${split}: `),
         list.map(n => [h("a", {href: page(`step/${modelPath(project, name)}/${enc(split)}/${n}`), class: "step-link"}, n), " "])));
+    findings.replaceChildren(h("h2", {}, "Evaluations"), evalsView(data.evals || []),
+      h("h2", {}, "Why it learned little"), diagnosesView(data.diagnoses || []));
     const compare = compareForm(project, name, data.steps);
     steps.replaceChildren(...(stepLinks.length ? stepLinks : [h("p", {class: "muted"}, "No rollouts saved yet.")]), compare);
   }
-  show(header, charts, h("div", {class: "toolbar"}, picker), extra, h("h2", {}, "Steps"), steps);
+  show(header, charts, h("div", {class: "toolbar"}, picker), extra, findings, h("h2", {}, "Steps"), steps);
   render();
   live.hidden = false;
   pollTimer = setInterval(async () => {
@@ -160,6 +163,33 @@ async function runPage(project, name) {
       if (update) { data = update; render(); if (picker.value) { drawExtra(); } }
     } catch (e) { /* the folder may be mid-write: try again next tick */ }
   }, 2000);
+}
+
+// "0.412 [0.301, 0.530]": a number with its 95% interval, when it has one.
+function withInterval(m) {
+  return m.low === null || m.high === null ? fmt(m.value) : `${fmt(m.value)} [${fmt(m.low)}, ${fmt(m.high)}]`;
+}
+
+function evalsView(evals) {
+  if (!evals.length) { return h("p", {class: "muted"}, "No evaluation yet: art-core eval writes one here."); }
+  const names = [...new Set(evals.flatMap(e => e.metrics.map(m => m.name)))];
+  return h("table", {id: "evals"},
+    h("thead", {}, h("tr", {}, ["step", "chosen as", "split", "tasks", "runs", ...names, "tokens/run", "tool errors/run"].map(c => h("th", {}, c)))),
+    h("tbody", {}, evals.map(e => h("tr", {},
+      h("td", {}, fmt(e.step)), h("td", {}, fmt(e.label)), h("td", {}, fmt(e.split)),
+      h("td", {}, fmt(e.tasks)), h("td", {}, fmt(e.runs)),
+      names.map(n => { const m = e.metrics.find(x => x.name === n); return h("td", {}, m ? withInterval(m) : ""); }),
+      h("td", {}, fmt(e.tokens_per_run)), h("td", {}, fmt(e.tool_errors_per_run))))));
+}
+
+function diagnosesView(steps) {
+  if (!steps.length) { return h("p", {class: "muted"}, "No diagnosis fired: no step showed a known reason for learning little."); }
+  return h("div", {id: "diagnoses"}, steps.slice().reverse().map(s =>
+    h("div", {class: "diagnosis-step", dataset: {step: s.step}}, h("b", {}, `step ${s.step}`),
+      h("ul", {}, s.diagnoses.map(d => h("li", {dataset: {code: d.code}},
+        h("code", {}, d.code), ` ${d.finding} `,
+        h("span", {class: "muted"}, `(${fmt(d.share)} of ${d.unit}, fires at ${fmt(d.threshold)})`),
+        h("div", {}, `→ ${d.setting}`)))))));
 }
 
 function compareForm(project, name, steps) {

@@ -413,12 +413,13 @@ async def train_from_args(
         )
     wall = time.perf_counter() - started
     print()
-    print("step  reward  (runs)  signal  all-equal  spent  never solved")
+    print("step  reward  (runs)  signal  all-equal  spent  never solved  why")
     for record in report.steps:
         print(
             f"{record.step:>4}  {record.reward:6.3f}  ({record.rollouts:>4})  "
             f"{record.groups_with_signal:>6}  {record.groups_all_equal:>9}  "
-            f"{record.rollouts_spent:>5}  {record.never_solved:>12.0%}"
+            f"{record.rollouts_spent:>5}  {record.never_solved:>12.0%}  "
+            + (", ".join(d.code for d in record.diagnoses) or "-")
         )
     print()
     print(report.table())

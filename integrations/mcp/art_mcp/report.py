@@ -1,16 +1,30 @@
-"""Summaries of validation passes and the before/after table printed at the end of training."""
+"""Summaries of validation passes and the before/after table printed at the end of training.
+
+The table states mean reward and solved share with their 95% bootstrap intervals, resampled
+by scenario (``art_core.evals.stats``): the runs of one scenario succeed or fail together, so
+it is the number of scenarios, not of runs, that says how far a difference can be trusted.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import mean
 
 import art_core as art
+from art_core.evals.stats import Estimate, estimate
+
+# A run solved its scenario at a full reward (float noise allowed).
+SOLVED_AT = 0.999
 
 
 @dataclass
 class ValSummary:
-    """What one validation pass measured (at one adapter step)."""
+    """What one validation pass measured (at one adapter step).
+
+    ``scenarios`` holds the rewards of each scenario's runs (one list per scenario, the
+    finished runs of its group); left empty, each reward counts as a scenario of its own.
+    """
 
     step: int
     rewards: list[float] = field(default_factory=list)
@@ -18,6 +32,7 @@ class ValSummary:
     tool_calls: float = 0.0
     tool_errors: float = 0.0
     failed_rollouts: int = 0
+    scenarios: list[list[float]] = field(default_factory=list)
 
     @property
     def mean_reward(self) -> float:
@@ -26,7 +41,37 @@ class ValSummary:
     @property
     def solved(self) -> float:
         """The share of runs with a full reward (>= 0.999)."""
-        return sum(r >= 0.999 for r in self.rewards) / len(self.rewards) if self.rewards else 0.0
+        return (
+            sum(r >= SOLVED_AT for r in self.rewards) / len(self.rewards) if self.rewards else 0.0
+        )
+
+    def by_scenario(self) -> list[list[float]]:
+        """The rewards grouped by scenario (scenarios without a finished run left out)."""
+        groups = self.scenarios or [[reward] for reward in self.rewards]
+        return [list(runs) for runs in groups if runs]
+
+    def mean_reward_interval(self, *, seed: int = 0) -> Estimate | None:
+        """``mean_reward`` (a mean over runs) with its 95% interval, resampled by scenario;
+        None without runs.
+
+        Example:
+            >>> str(ValSummary(0, [1.0, 1.0, 0.0], scenarios=[[1.0, 1.0], [0.0]]).mean_reward_interval())
+            '0.667 [0.000, 1.000]'
+        """
+        return self._interval(mean, seed)
+
+    def solved_interval(self, *, seed: int = 0) -> Estimate | None:
+        """``solved`` (a share of runs) with its 95% interval, resampled by scenario; None
+        without runs."""
+        return self._interval(lambda runs: sum(r >= SOLVED_AT for r in runs) / len(runs), seed)
+
+    def _interval(self, per_scenario: Callable[[list[float]], float], seed: int) -> Estimate | None:
+        groups = self.by_scenario()
+        if not groups:
+            return None
+        # Weighted by runs: the value is the per-run number the summary's properties give.
+        values = [per_scenario(runs) for runs in groups]
+        return estimate(values, weights=[len(runs) for runs in groups], seed=seed)
 
     @classmethod
     def of(cls, step: int, groups: list[art.TrajectoryGroup]) -> ValSummary:
@@ -37,7 +82,11 @@ class ValSummary:
             1.0
         """
         runs = [t for g in groups for t in g.trajectories]
-        summary = cls(step=step, rewards=[t.reward for t in runs])
+        summary = cls(
+            step=step,
+            rewards=[t.reward for t in runs],
+            scenarios=[[t.reward for t in g.trajectories] for g in groups],
+        )
         summary.failed_rollouts = sum(len(g.exceptions) for g in groups)
         if runs:
             summary.completed = mean(float(bool(t.metrics.get("completed"))) for t in runs)
@@ -46,23 +95,42 @@ class ValSummary:
         return summary
 
 
+def _with_interval(value: Estimate | None, *, percent: bool) -> str:
+    if value is None:
+        return "no runs"
+    return value.percent() if percent else str(value)
+
+
 def before_after_table(before: ValSummary, after: ValSummary, *, title: str = "") -> str:
-    """A plain-text table comparing two validation passes.
+    """A plain-text table comparing two validation passes; mean reward and solved share with
+    their 95% bootstrap intervals, resampled by scenario.
 
     Example:
-        >>> print(before_after_table(ValSummary(0, [0.2]), ValSummary(5, [0.9])))  # doctest: +NORMALIZE_WHITESPACE
-        metric                  before (step 0)   after (step 5)
-        mean reward                       0.200            0.900
-        solved (reward = 1)                0.0%             0.0%
-        finished the task                  0.0%             0.0%
-        tool calls per run                 0.00             0.00
-        tool errors per run                0.00             0.00
-        runs (failed)                     1 (0)            1 (0)
+        >>> before = ValSummary(0, [0.0, 0.5, 0.0, 0.5], scenarios=[[0.0, 0.5], [0.0, 0.5]])
+        >>> after = ValSummary(5, [1.0, 1.0, 0.5, 1.0], scenarios=[[1.0, 1.0], [0.5, 1.0]])
+        >>> print(before_after_table(before, after))  # doctest: +NORMALIZE_WHITESPACE
+        metric                       before (step 0)          after (step 5)
+        mean reward             0.250 [0.250, 0.250]    0.875 [0.750, 1.000]
+        solved (reward = 1)        0.0% [0.0%, 0.0%]  75.0% [50.0%, 100.0%]
+        finished the task                       0.0%                    0.0%
+        tool calls per run                      0.00                    0.00
+        tool errors per run                     0.00                    0.00
+        runs (failed)                          4 (0)                   4 (0)
+        scenarios                                  2                       2
+        [low, high]: 95% bootstrap intervals, resampled by scenario
     """
     left, right = f"before (step {before.step})", f"after (step {after.step})"
     rows = [
-        ("mean reward", f"{before.mean_reward:.3f}", f"{after.mean_reward:.3f}"),
-        ("solved (reward = 1)", f"{before.solved:.1%}", f"{after.solved:.1%}"),
+        (
+            "mean reward",
+            _with_interval(before.mean_reward_interval(), percent=False),
+            _with_interval(after.mean_reward_interval(), percent=False),
+        ),
+        (
+            "solved (reward = 1)",
+            _with_interval(before.solved_interval(), percent=True),
+            _with_interval(after.solved_interval(), percent=True),
+        ),
         ("finished the task", f"{before.completed:.1%}", f"{after.completed:.1%}"),
         ("tool calls per run", f"{before.tool_calls:.2f}", f"{after.tool_calls:.2f}"),
         ("tool errors per run", f"{before.tool_errors:.2f}", f"{after.tool_errors:.2f}"),
@@ -71,9 +139,11 @@ def before_after_table(before: ValSummary, after: ValSummary, *, title: str = ""
             f"{len(before.rewards)} ({before.failed_rollouts})",
             f"{len(after.rewards)} ({after.failed_rollouts})",
         ),
+        ("scenarios", str(len(before.by_scenario())), str(len(after.by_scenario()))),
     ]
-    width = max(len(left), len(right), 12)
+    width = max(len(left), len(right), *(len(cell) for _, a, b in rows for cell in (a, b)))
     lines = [title] if title else []
     lines.append(f"{'metric':<22}  {left:>{width}}  {right:>{width}}")
     lines += [f"{name:<22}  {a:>{width}}  {b:>{width}}" for name, a, b in rows]
+    lines.append("[low, high]: 95% bootstrap intervals, resampled by scenario")
     return "\n".join(lines)

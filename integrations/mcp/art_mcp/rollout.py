@@ -141,6 +141,11 @@ async def rollout(
                 strict=settings.strict_schemas,
                 max_answer_chars=settings.max_answer_chars,
             )
+            if task.answer_tool is not None and task.answer_tool not in toolset.mcp_names.values():
+                raise ValueError(
+                    f"scenario {task.id}: its answer_tool {task.answer_tool!r} is not among the "
+                    f"tools offered: {sorted(toolset.mcp_names.values())}"
+                )
             run_metadata = {
                 "mcp_server": spec.label,
                 "mcp_transport": spec.transport,
@@ -168,6 +173,8 @@ async def rollout(
             "final_answer": stats.final_answer,
             "stop_reason": stats.stop_reason,
             "tools_used": stats.tools_used,
+            "answer_tool": _answer_tool(task, settings, toolset),
+            "max_turns": settings.max_turns,
         },
     )
     _tag_tool_calls(trajectory)
@@ -238,6 +245,7 @@ async def _loop(
             return
         results_read = []
         finished: str | None = None
+        stop = "complete_task"
         for tool_call in message.tool_calls:
             function = getattr(tool_call, "function", None)
             if function is None:
@@ -249,9 +257,12 @@ async def _loop(
             content = await _execute(session, toolset, name, function.arguments, settings, stats)
             messages.append({"role": "tool", "tool_call_id": tool_call.id, "content": content})
             results_read.append(name)
+            if task.answer_tool is not None and toolset.mcp_names.get(name) == task.answer_tool:
+                # The task's own answer tool was called (and run, so the server saw it).
+                finished, stop = _answer_of(toolset, function.arguments), "answer_tool"
         if finished is not None:
             stats.final_answer = finished
-            stats.stop_reason = "complete_task"
+            stats.stop_reason = stop
             return
 
 
@@ -286,12 +297,22 @@ async def _execute(
     return output.text
 
 
+def _answer_tool(task: Scenario, settings: RolloutSettings, toolset: ToolSet) -> str | None:
+    """The tool whose call gives the answer, as the model sees its name (None: plain text)."""
+    if task.answer_tool is not None:
+        seen_as = [name for name, mcp in toolset.mcp_names.items() if mcp == task.answer_tool]
+        return seen_as[0] if seen_as else task.answer_tool
+    return COMPLETE_TASK if settings.complete_task else None
+
+
 def _answer_of(toolset: ToolSet, raw_arguments: str | None) -> str:
     try:
         arguments = toolset.parse_arguments(raw_arguments)
     except ValueError:
         return raw_arguments or ""
-    answer = arguments.get("answer", "")
+    if "answer" not in arguments:  # a task's own answer tool: its arguments are the answer
+        return json.dumps(arguments, sort_keys=True)
+    answer = arguments["answer"]
     return answer if isinstance(answer, str) else json.dumps(answer)
 
 

@@ -33,7 +33,12 @@ class Scenario(BaseModel):
 
     ``difficulty`` runs from 1 (one obvious tool call) to 5 (several dependent calls).
     ``answer`` is the expected answer when the task can be checked programmatically; ``id`` is
-    derived from the task when not given.
+    derived from the task when not given. ``answer_tool`` names the server tool whose call
+    gives the answer (a server's own ``submit``, say): calling it ends the run, its arguments
+    are the final answer. Without it the run answers through ``complete_task`` (or in plain
+    text). Either way the trajectory's ``metadata["answer_tool"]`` names it, so the
+    diagnoses (``art_core.diagnoses``) can tell an answer given before a lookup's result came
+    back.
 
     Example:
         >>> s = Scenario(task="What time is it in Tokyo?", difficulty=1)
@@ -46,6 +51,7 @@ class Scenario(BaseModel):
     task: str = Field(min_length=1, max_length=MAX_TASK_CHARS)
     difficulty: int = Field(default=3, ge=1, le=5)
     answer: str | None = None
+    answer_tool: str | None = Field(default=None, min_length=1, max_length=64)
     id: str = ""
     metadata: dict[str, Any] = Field(default_factory=dict)
 

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 from tqdm.auto import tqdm
 
 import art_core as art
+from art_core.diagnoses import Diagnosis, RunDiagnoses
 from art_mcp.report import ValSummary, before_after_table
 from art_mcp.rollout import RewardFn, RolloutSettings, rollout
 from art_mcp.scenarios import Scenario
@@ -65,6 +66,8 @@ class StepRecord:
     groups_all_equal: int = 0
     rollouts_spent: int = 0
     never_solved: float = 0.0
+    # Why the step's groups taught little or nothing (art_core.diagnoses), if a rule fired.
+    diagnoses: list[Diagnosis] = field(default_factory=list)
 
 
 @dataclass
@@ -80,12 +83,23 @@ class TrainReport:
     training_s: float = 0.0
     warm_start: WarmStartReport | None = None
 
+    def diagnoses(self) -> RunDiagnoses:
+        """The diagnoses of every step, with the run-level one (rewards flat over the steps)."""
+        run = RunDiagnoses()
+        for record in self.steps:
+            trained = record.metrics.get("train/trained", 1.0) != 0.0
+            run.add(record.step, reward=record.reward, trained=trained, diagnoses=record.diagnoses)
+        return run
+
     def table(self) -> str:
-        """The before/after table (RULER-judged jointly when a judge was used)."""
+        """The before/after table (RULER-judged jointly when a judge was used), then why the
+        run learned little, when a diagnosis fired (each with the setting to change)."""
         title = "validation, before vs after" + (
             " (RULER: both judged in the same groups)" if self.judged_jointly else ""
         )
-        return before_after_table(self.before, self.after, title=title)
+        table = before_after_table(self.before, self.after, title=title)
+        why = self.diagnoses().table()
+        return f"{table}\n\n{why}" if why else table
 
 
 def scenarios_for_step(
@@ -361,6 +375,7 @@ async def train(
                 never_solved=sampled.scenarios.never_solved_share
                 if sampled and sampled.scenarios
                 else 0.0,
+                diagnoses=list(result.diagnoses),
             )
             records.append(record)
             bar.update(1)
@@ -373,6 +388,13 @@ async def train(
                 f"rollouts spent, {record.never_solved:.0%} of tried scenarios never solved; "
                 f"rollouts {rollout_s:.1f} s, train {record.train_s:.1f} s"
                 + (f"; trained nothing: {result.nothing_trained}" if result.nothing_trained else "")
+                + (
+                    "; why: "
+                    + ", ".join(d.code for d in record.diagnoses)
+                    + "".join(f"\n    {d.line()}" for d in record.diagnoses)
+                    if record.diagnoses
+                    else ""
+                )
             )
             if on_step is not None:
                 on_step(record)

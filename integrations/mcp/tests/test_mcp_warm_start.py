@@ -60,7 +60,11 @@ async def test_warm_start_from_its_own_best_runs_then_grpo(
     assert [r.step for r in report.steps] == [1] and report.after.step == 2
     assert report.training_s > 0
     history = backend.model_folder(model).read_history()
-    assert [h["split"] for h in history if h["split"] != "val"] == ["sft", "train"]
+    # (besides the validation passes, and what the diagnoses found in tiny-random's runs)
+    assert [h["split"] for h in history if h["split"] not in ("val", "diagnoses")] == [
+        "sft",
+        "train",
+    ]
     sft = next(h for h in history if h["split"] == "sft")
     assert sft["checkpoint_step"] == 1 and sft["sft/num_records"] == warm_report.traces
 
