@@ -511,6 +511,8 @@ class PipelineTrainer:
                 self.results.append(result)
                 bar.update(1)
                 bar.set_postfix(_postfix(result.metrics), refresh=False)
+                for diagnosis in result.diagnoses if self.progress else ():
+                    bar.write(f"step {result.step} why: {diagnosis.line()}")  # learned little
                 if self.eval_fn is not None and self.eval_every_n_steps:
                     if self.state.steps % self.eval_every_n_steps == 0:
                         await self._evaluate(result.step)
