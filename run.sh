@@ -221,6 +221,8 @@ case "$command" in
     # The tracing tests start real MLflow and Phoenix servers, each from its own venv.
     background_install mlflow "$VENV/bin/art-core" tracing install mlflow
     background_install phoenix "$VENV/bin/art-core" tracing install phoenix
+    # The verifiers integration's tests run verifiers from its own venv (its pins clash).
+    background_install verifiers "$VENV/bin/art-core" verifiers install
     phase check check
     paths=(tests)
     for d in $(integrations); do [ -d "$d/tests" ] && paths+=("$d/tests"); done

@@ -19,6 +19,9 @@ that needs what cannot exist here, says so in an HTML comment on the line before
 - ``replace=A,B``: text replacements from ``REPLACE`` below, each with its reason (a hosted
   model or a GPU box that cannot exist here, a loop shortened for CI's time). A replacement
   whose text is no longer in the block fails the test, so none outlives its block;
+- ``file=PATH``: the block is the whole text of that file of the repository, which runs
+  where it can (a verifiers environment runs in the verifiers venv, by its integration's
+  tests); here the two are checked to be the same text, so the README cannot drift from it;
 - ``skip: WHY``: the block is not run (none is at present; prefer a stand-in).
 
 What cannot exist here is replaced by a local stand-in, never mocked inside the library:
@@ -110,6 +113,9 @@ class Block:
 
     def replace(self) -> list[str]:
         return self._option("replace")
+
+    def file(self) -> list[str]:
+        return self._option("file")
 
     def skip(self) -> str | None:
         text = (self.marker or "").strip()
@@ -565,6 +571,11 @@ REPLACE: dict[str, Replace] = {
         "to the default 1024 tokens",
     ),
     "one-step": Replace("range(3)", "range(1)", "one training step shows the loop; 3 is CI time"),
+    "verifiers-envs": Replace(
+        'paths=["integrations/verifiers/tests/environments"]',
+        f'paths=["{ROOT}/integrations/verifiers/tests/environments"]',
+        "the block runs in a temporary folder; the README's path is from the repository root",
+    ),
     "mcp-train-args": Replace(
         "art_mcp.train(model, SERVER, ...)",
         "art_mcp.train(model, SERVER, scenarios[:2], steps=1, groups_per_step=1, "
@@ -685,7 +696,7 @@ def check_markers(block: Block) -> list[str]:
     matches), as messages."""
     problems = []
     for key in block.options():
-        if key not in ("given", "replace"):
+        if key not in ("given", "replace", "file"):
             problems.append(f"{block.name}: unknown marker option {key!r}")
     for name in block.given():
         if name not in GIVEN:
@@ -695,6 +706,9 @@ def check_markers(block: Block) -> list[str]:
             problems.append(f"{block.name}: unknown replace {name!r} (known: {sorted(REPLACE)})")
         elif REPLACE[name].old not in block.source:
             problems.append(f"{block.name}: replace {name!r}: {REPLACE[name].old!r} not found")
+    for path in block.file():
+        if not (ROOT / path).is_file():
+            problems.append(f"{block.name}: file {path!r} does not exist")
     if block.marker is not None and block.skip() is None and not block.options():
         problems.append(f"{block.name}: empty marker {block.marker!r}")
     return problems
@@ -732,6 +746,8 @@ def _marks(block: Block) -> list[pytest.MarkDecorator]:
     needs = re.findall(r'TracingServer\("(\w+)"\)', block.source)
     if "cli_agents" in block.given():
         needs.append("cli-agents")
+    if "art_verifiers" in block.source:
+        needs.append("verifiers")
     if needs:
         marks.append(pytest.mark.needs_install(*needs))
     if "qwen_model" in block.given():
@@ -765,6 +781,9 @@ def test_python_block_runs(block: Block, tmp_path: Path, fork_server: ForkServer
         pytest.skip(f"marked in the README: {block.skip()}")
     problems = check_markers(block)
     assert not problems, "\n".join(problems)
+    for path in block.file():
+        assert block.source == (ROOT / path).read_text(), f"{block.where} is not {path} any more"
+        return
     spec = {
         "readme": str(block.readme),
         "line": block.line,
