@@ -138,6 +138,16 @@ def test_the_answer_given_in_the_same_turn_as_the_lookup() -> None:
     assert "parallel_tool_calls requested: None" in diagnosis.finding
     assert "parallel_tool_calls=False" in diagnosis.setting
     assert "--one-call-per-turn" in diagnosis.setting
+    # Asked for already, under tool_choice "auto": the gateway samples free text there and the
+    # model wrote both calls anyway (the real Qwen2.5-0.5B did): how to have it enforced.
+    for trajectory in guessing:
+        trajectory.calls[0].request_params.update(parallel_tool_calls=False, tool_choice="auto")
+    asked = diagnose(groups_of(guessing))[0]
+    assert "parallel_tool_calls requested: False" in asked.finding
+    assert asked.setting.startswith(
+        "parallel_tool_calls=False was asked for but tool_choice 'auto' does not enforce it: "
+        "tool_choice='required' with parallel_tool_calls=False"
+    )
     # Below the threshold (1 of 8 runs) it stays quiet.
     mixed = guessing[:1] + [healthy_run(r) for r in [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0]]
     assert 1 / 8 < ANSWER_WITH_LOOKUP_SHARE
@@ -164,6 +174,22 @@ def test_invented_arguments_are_counted_by_kind() -> None:
     assert "error returned by the tool 4" in diagnosis.finding
     assert diagnosis.share == pytest.approx(8 / 12) and diagnosis.threshold == TOOL_ERROR_SHARE
     assert "strict_schemas=True" in diagnosis.setting
+    # Seen with the real Qwen2.5-0.5B: the schema was closed already (art_mcp's default) and the
+    # model wrote `"additionalProperties": false` as an argument; only tool_choice="required"
+    # makes a grammar enforce the schema.
+    closed = {**ANSWER["function"]["parameters"], "additionalProperties": False}
+    for trajectory in inventing:
+        for recorded in trajectory.calls:
+            recorded.tools = [
+                LOOKUP,
+                {"type": "function", "function": {"name": "complete_task", "parameters": closed}},
+            ]
+            recorded.request_params["tool_choice"] = "auto"
+    (closed_schemas,) = diagnose(groups_of(inventing))
+    assert closed_schemas.setting.startswith(
+        "the schemas are closed (additionalProperties: false) but tool_choice 'auto' does not "
+        "enforce them: tool_choice='required'"
+    )
 
 
 def test_the_same_call_repeated_until_the_turn_limit() -> None:

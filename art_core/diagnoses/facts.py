@@ -3,7 +3,7 @@
 The gateway's recorded calls (``Trajectory.calls``) say which tools each response called
 with which arguments, against which offered tool schemas, how each call ended
 (``finish_reason``) and what the request asked for (``request_params``: ``max_tokens``,
-``parallel_tool_calls``). The rollout's own report adds what only it saw: ``metadata``
+``parallel_tool_calls``, ``tool_choice``). The rollout's own report adds what only it saw: ``metadata``
 (``stop_reason``, ``final_answer``, ``answer_tool``) and ``metrics`` (``tool_errors``, the
 errors the tools returned). Nothing here guesses from text.
 """
@@ -69,6 +69,10 @@ class RolloutFacts:
     finish_reasons: list[str] = field(default_factory=list)
     max_tokens: int | None = None
     parallel_tool_calls: Any = None
+    tool_choice: Any = None
+    # Every offered tool's schema closed (``additionalProperties: false``): the names of the
+    # arguments are fixed, though only a grammar (``tool_choice="required"``) enforces it.
+    closed_schemas: bool = False
     answer_tool: str | None = None
     answered: bool = True
     argument_errors: Counter[str] = field(default_factory=Counter)
@@ -202,7 +206,13 @@ def rollout_facts(trajectory: Trajectory, *, answer_tool: str | None = None) -> 
         facts.max_tokens = _max_tokens(call.request_params) or facts.max_tokens
         if "parallel_tool_calls" in call.request_params:
             facts.parallel_tool_calls = call.request_params["parallel_tool_calls"]
+        if "tool_choice" in call.request_params:
+            facts.tool_choice = call.request_params["tool_choice"]
         schemas = _schemas(call)
+        if schemas:
+            facts.closed_schemas = all(
+                s.get("additionalProperties") is False for s in schemas.values()
+            )
         for tool_call in turn:
             kind = argument_error(tool_call, schemas)
             if kind is not None:

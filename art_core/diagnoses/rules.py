@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from art_core.diagnoses.diagnosis import Diagnosis
 from art_core.diagnoses.facts import (
     INVALID,
+    INVENTED,
     MISSING,
     TOOL_FAILED,
     UNKNOWN_TOOL,
     UNPARSABLE,
     RolloutFacts,
+    ToolCall,
 )
 
 # The answer tool called in the same response as another tool, in at least this share of the
@@ -91,6 +93,24 @@ def _share(count: int, total: int) -> float:
     return count / total if total else 0.0
 
 
+def _one_call_setting(hits: list[tuple[RolloutFacts, list[ToolCall]]]) -> str:
+    """One call per turn; where it was asked for already, how to have it enforced."""
+    if all(f.parallel_tool_calls is False for f, _ in hits):
+        # Asked for, not enforced: under tool_choice "auto" the gateway samples free text,
+        # and the model wrote several calls anyway (seen with Qwen2.5-0.5B).
+        choices = ", ".join(sorted({repr(f.tool_choice) for f, _ in hits}))
+        return (
+            f"parallel_tool_calls=False was asked for but tool_choice {choices} does not enforce "
+            "it: tool_choice='required' with parallel_tool_calls=False makes the gateway's "
+            "grammar allow one call per turn (art_mcp: --tool-choice required "
+            "--one-call-per-turn)"
+        )
+    return (
+        "ask for one tool call per turn: parallel_tool_calls=False "
+        "(art_mcp: RolloutSettings(parallel_tool_calls=False), --one-call-per-turn)"
+    )
+
+
 def answer_with_lookup(step: StepFacts) -> Diagnosis | None:
     """The answer tool called in the same turn as another tool (``ANSWER_WITH_LOOKUP_SHARE``)."""
     answering = [
@@ -119,10 +139,7 @@ def answer_with_lookup(step: StepFacts) -> Diagnosis | None:
             "that result came back: the answer is a guess "
             f"(parallel_tool_calls requested: {', '.join(sorted(requested))})"
         ),
-        setting=(
-            "ask for one tool call per turn: parallel_tool_calls=False "
-            "(art_mcp: RolloutSettings(parallel_tool_calls=False), --one-call-per-turn)"
-        ),
+        setting=_one_call_setting(hits),
         share=share,
         threshold=ANSWER_WITH_LOOKUP_SHARE,
     )
@@ -145,6 +162,13 @@ _INVENTED_SETTING = (
     "close the schemas so a grammar forbids made-up argument names: strict_schemas=True and "
     "tool_choice='required' (art_mcp: RolloutSettings(strict_schemas=True), --tool-choice required)"
 )
+# The schemas were closed already: the model wrote names they forbid because nothing
+# enforced them (tool_choice "auto" leaves the call's text free).
+_INVENTED_CLOSED_SETTING = (
+    "the schemas are closed (additionalProperties: false) but tool_choice {choice} does not "
+    "enforce them: tool_choice='required' makes the gateway's grammar allow only their "
+    "arguments (art_mcp: --tool-choice required)"
+)
 
 
 def tool_errors(step: StepFacts) -> Diagnosis | None:
@@ -165,10 +189,16 @@ def tool_errors(step: StepFacts) -> Diagnosis | None:
         example = f", e.g. {examples[kind]}" if kind in examples else ""
         parts.append(f"{kind} {count}{example}")
     top = kinds.most_common(1)[0][0]
+    setting = _ERROR_SETTINGS.get(top, _INVENTED_SETTING)
+    runs = step.runs
+    if top == INVENTED and runs and all(f.closed_schemas for f in runs):
+        choices = sorted({repr(f.tool_choice) for f in runs})
+        if choices != ["'required'"]:
+            setting = _INVENTED_CLOSED_SETTING.format(choice=", ".join(choices))
     return Diagnosis(
         code="tool_errors",
         finding=f"{errors} of {calls} tool calls failed: " + "; ".join(parts),
-        setting=_ERROR_SETTINGS.get(top, _INVENTED_SETTING),
+        setting=setting,
         share=share,
         threshold=TOOL_ERROR_SHARE,
         unit="tool calls",
@@ -199,9 +229,10 @@ def repeated_calls(step: StepFacts) -> Diagnosis | None:
             f"limit without answering (e.g. {example.render()} {times} times)"
         ),
         setting=(
-            f"tell the model to {finish} once it has read the result (art_mcp: "
-            "RolloutSettings(system_prompt=...), --system-prompt), or warm-start from runs that "
-            "answer (--warm-start); dynamic_sampling keeps the rare groups that do"
+            "warm-start from runs that answer (art_mcp: --warm-start, SFT on a teacher's or "
+            f"the model's own successful runs), or say in the system prompt to {finish} once "
+            "the result is read (--system-prompt); dynamic_sampling keeps the rare groups "
+            "that answer"
         ),
         share=share,
         threshold=REPEATED_CALL_SHARE,
