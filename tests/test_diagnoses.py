@@ -192,6 +192,22 @@ def test_invented_arguments_are_counted_by_kind() -> None:
     )
 
 
+def test_arguments_cut_by_the_token_limit_are_not_blamed_on_the_schema() -> None:
+    cut = [
+        run(
+            0.0,
+            call(0, ("lookup_order", '{"order_id": "A1'), finish_reason="length"),
+            tool_calls=1,
+            tool_errors=1,
+        )
+        for _ in range(4)
+    ]
+    diagnosis = diagnose(groups_of(cut))[0]
+    assert diagnosis.code == "tool_errors"
+    assert diagnosis.finding.startswith("4 of 4 tool calls failed: arguments cut by max_tokens 4")
+    assert diagnosis.setting.startswith("raise max_tokens")
+
+
 def test_the_same_call_repeated_until_the_turn_limit() -> None:
     looping = [
         run(

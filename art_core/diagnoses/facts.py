@@ -25,6 +25,9 @@ UNPARSABLE = "arguments not a JSON object"
 INVENTED = "invented argument"
 MISSING = "missing argument"
 INVALID = "argument of the wrong type or value"
+# Arguments that do not parse in a response cut at its token limit: the limit, not the model's
+# grasp of the schema, broke them.
+CUT = "arguments cut by max_tokens"
 # An error the tool itself returned (the arguments fit the schema, the tool refused them:
 # e.g. an id it does not know), counted by the rollout (``metrics["tool_errors"]``).
 TOOL_FAILED = "error returned by the tool"
@@ -215,6 +218,8 @@ def rollout_facts(trajectory: Trajectory, *, answer_tool: str | None = None) -> 
             )
         for tool_call in turn:
             kind = argument_error(tool_call, schemas)
+            if kind in (UNPARSABLE, MISSING, INVALID) and call.finish_reason == "length":
+                kind = CUT
             if kind is not None:
                 facts.argument_errors[kind] += 1
                 facts.error_examples.setdefault(kind, tool_call.render())

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from art_core.diagnoses.diagnosis import Diagnosis
 from art_core.diagnoses.facts import (
+    CUT,
     INVALID,
     INVENTED,
     MISSING,
@@ -146,6 +147,8 @@ def answer_with_lookup(step: StepFacts) -> Diagnosis | None:
 
 
 _ERROR_SETTINGS = {
+    CUT: "raise max_tokens: the calls were cut before their arguments ended "
+    "(art_mcp: RolloutSettings(max_tokens=...), --max-tokens)",
     UNKNOWN_TOOL: "constrain calls to the offered tools with a grammar: tool_choice='required' "
     "(art_mcp: --tool-choice required)",
     UNPARSABLE: "constrain the arguments to their schema with a grammar: tool_choice='required' "

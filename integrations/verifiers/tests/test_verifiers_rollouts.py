@@ -86,6 +86,43 @@ async def test_environment_runs_unchanged_scores_and_trains_a_step(
     assert result.nothing_trained is None
 
 
+async def test_a_multi_turn_tool_environment_runs_and_the_step_says_why_it_learned_nothing(
+    backend: art.LocalBackend,
+) -> None:
+    """A ``vf.ToolEnv``: the environment runs the tool between the model's turns, each turn one
+    recorded call reading the tool results before it; tiny-random never earns the rubric's
+    exact-answer reward, so the step trains nothing and its diagnoses say why."""
+    need_runtime()
+    model = await register_tiny_model(backend, "vf-tools", "verifiers-tests")
+    env = VerifiersEnv("adder_tools", paths=[str(ENVIRONMENTS)], env_vars=OFFLINE)
+    groups = await rollout_groups(
+        model,
+        env,
+        [0, 1],
+        rollouts_per_example=2,
+        # every turn a call of the tool (grammar-forced), so the environment runs it
+        sampling_args={"max_tokens": 96, "tool_choice": "required"},
+    )
+    tokenizer = backend.engine(model).tokenizer  # type: ignore[attr-defined]
+    for trajectory in [t for g in groups for t in g.trajectories]:
+        assert_token_exact(trajectory, tokenizer)
+        calls = sorted(trajectory.calls, key=lambda c: c.index)
+        roles = [m["role"] for m in trajectory.metadata["completion"]]
+        # one recorded call per assistant turn, the environment's tool results in between
+        assert len(calls) == roles.count("assistant") == trajectory.metrics["num_turns"] > 1
+        # the tool ran for every call but those of the last turn (the turn limit came first)
+        called = [len(c.response_message.get("tool_calls") or []) for c in calls]
+        assert sum(called) == trajectory.metrics["total_tool_calls"]
+        assert roles.count("tool") == sum(called[:-1]) >= 1
+        tools_read = [m for m in calls[1].messages if m["role"] == "tool"]
+        assert tools_read and all(isinstance(m["content"], str) for m in tools_read)
+        assert [t["function"]["name"] for t in calls[0].tools or []] == ["add"]
+    result = await model.train(groups, config=CONFIG)
+    assert result.nothing_trained is not None
+    constant = next(d for d in result.diagnoses if d.code == "constant_reward")
+    assert constant.finding.startswith("every one of the 4 runs got reward 0")
+
+
 async def test_a_broken_environment_fails_with_the_runtime_s_own_words(
     backend: art.LocalBackend,
 ) -> None:
