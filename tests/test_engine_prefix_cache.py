@@ -346,4 +346,5 @@ async def test_a_training_step_reports_the_prefix_cache_in_its_result(
     assert result.metrics["serving/prefill/tokens_computed"] < 0.6 * asked
     # history.jsonl keeps its records as they were (no serving record for one engine).
     records = [json.loads(line) for line in history.read_text().splitlines()]
-    assert [r["split"] for r in records] == ["train"]
+    # (the step's diagnoses may add a record of their own: calls cut at 4 tokens)
+    assert [r["split"] for r in records if r["split"] != "diagnoses"] == ["train"]

@@ -156,15 +156,18 @@ def history_at(folder: ModelFolder, step: int) -> list[dict[str, Any]]:
 
 
 def metrics_of(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The metrics of ``records`` in one mapping (a later record's value wins).
+    """The metrics of ``records`` in one mapping (a later record's value wins): the named
+    ``split/metric`` values, not what else a record holds (an eval's labels, a step's
+    diagnoses).
 
     Example:
-        >>> metrics_of([{"step": 1, "split": "train", "train/reward": 0.5, "time": 1.0}])
+        >>> metrics_of([{"step": 1, "split": "train", "train/reward": 0.5, "time": 1.0},
+        ...             {"step": 1, "split": "diagnoses", "diagnoses": [{"code": "truncated"}]}])
         {'train/reward': 0.5}
     """
     merged: dict[str, Any] = {}
     for record in records:
         for key, value in record.items():
-            if key not in RECORD_KEYS:
+            if key not in RECORD_KEYS and "/" in key:
                 merged[key] = value
     return merged

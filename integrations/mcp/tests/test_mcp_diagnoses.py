@@ -57,7 +57,7 @@ async def test_a_reward_that_never_varies_is_named_in_the_step_line_and_the_tabl
     table = report.table()
     assert "why it learned little (diagnoses)" in table
     assert "constant_reward (at 1 of 1 steps): every one of the 4 runs got reward 0" in table
-    assert "-> check the reward function" in table
+    assert "check the reward function on a run you know is right" in table
     history = backend.model_folder(model).read_history()
     [diagnosed] = [r for r in history if r["split"] == "diagnoses"]
     assert [d["code"] for d in diagnosed["diagnoses"]] == codes
