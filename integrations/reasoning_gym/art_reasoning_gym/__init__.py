@@ -14,7 +14,7 @@ Example:
     ...                              reward_fn=arg.score_answer_reward(dataset))  # doctest: +SKIP
 """
 
-from art_reasoning_gym.calculator import CALCULATOR_SERVER, evaluate
+from art_reasoning_gym.calculator import CALCULATOR_SERVER, compute
 from art_reasoning_gym.scenarios import (
     DATASET_KEY,
     INDEX_KEY,
@@ -26,7 +26,7 @@ __all__ = [
     "CALCULATOR_SERVER",
     "DATASET_KEY",
     "INDEX_KEY",
-    "evaluate",
+    "compute",
     "scenarios_from_dataset",
     "score_answer_reward",
 ]

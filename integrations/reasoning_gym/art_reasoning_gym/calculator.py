@@ -1,4 +1,4 @@
-"""``evaluate``: the arithmetic behind ``calculate``, the calculator tool this integration ships.
+"""``compute``: the arithmetic behind ``calculate``, the calculator tool this integration ships.
 
 reasoning-gym's arithmetic generators (``basic_arithmetic``, ``chain_sum``, ``products``,
 ``power_function``, ``decimal_arithmetic`` ...) ask for the value of an expression; a small
@@ -13,9 +13,9 @@ over stdio; ``CALCULATOR_SERVER`` is that command, as ``art_mcp.rollout`` and ``
 take it).
 
 Example:
-    >>> evaluate("( 56 + -33 ) - 84")
+    >>> compute("( 56 + -33 ) - 84")
     '-61'
-    >>> evaluate("7 / 2"), evaluate("1 / 3"), evaluate("(-352.3345)^-2")
+    >>> compute("7 / 2"), compute("1 / 3"), compute("(-352.3345)^-2")
     ('3.5', '0.3333333333', '8.055447262e-06')
 """
 
@@ -61,16 +61,16 @@ def _value(node: ast.AST) -> Fraction:
     raise ValueError(f"unsupported in an arithmetic expression: {ast.unparse(node)!r}")
 
 
-def evaluate(expression: str) -> str:
+def compute(expression: str) -> str:
     """The exact value of ``expression`` (numbers, ``+ - * / ^``, parentheses), as text; raises
     ``ValueError`` saying what is wrong with anything else.
 
     Example:
-        >>> evaluate("2 * (3 + 4)")
+        >>> compute("2 * (3 + 4)")
         '14'
-        >>> evaluate("2 ^ 8"), evaluate("-2 ** 2")
+        >>> compute("2 ^ 8"), compute("-2 ** 2")
         ('256', '-4')
-        >>> evaluate("2 % 8")
+        >>> compute("2 % 8")
         Traceback (most recent call last):
         ...
         ValueError: unsupported in an arithmetic expression: '2 % 8'

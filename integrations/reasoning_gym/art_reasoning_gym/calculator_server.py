@@ -14,7 +14,7 @@ from __future__ import annotations
 from mcp.server.mcpserver import MCPServer
 from pydantic import Field
 
-from art_reasoning_gym.calculator import MAX_EXPRESSION_CHARS, evaluate
+from art_reasoning_gym.calculator import MAX_EXPRESSION_CHARS, compute
 
 app = MCPServer(
     "calculator",
@@ -32,7 +32,7 @@ def calculate(
 ) -> str:
     """Evaluate an arithmetic expression (numbers, + - * /, ^ with a whole exponent,
     parentheses) exactly; -2^2 is -4, (-2)^2 is 4."""
-    return evaluate(expression)
+    return compute(expression)
 
 
 if __name__ == "__main__":

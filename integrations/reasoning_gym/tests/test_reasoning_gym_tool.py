@@ -16,7 +16,7 @@ from art_reasoning_gym import (
     CALCULATOR_SERVER,
     DATASET_KEY,
     INDEX_KEY,
-    evaluate,
+    compute,
     scenarios_from_dataset,
     score_answer_reward,
 )
@@ -74,14 +74,14 @@ def arithmetic(size: int = 4) -> reasoning_gym.dataset.ProceduralDataset:
 def test_the_calculator_solves_what_the_generators_ask() -> None:
     arithmetic = reasoning_gym.create_dataset("basic_arithmetic", size=50, seed=3)
     for entry in arithmetic:
-        assert evaluate(entry["metadata"]["expression"]) == entry["answer"], entry
+        assert compute(entry["metadata"]["expression"]) == entry["answer"], entry
     power = powers(50)
     for entry in power:
         base, exponent = entry["metadata"]["base"], entry["metadata"]["exponent"]
-        assert power.score_answer(evaluate(f"({base})^{exponent}"), entry) == 1.0, entry
+        assert power.score_answer(compute(f"({base})^{exponent}"), entry) == 1.0, entry
     for bad in ("", "2 % 8", "2 ^ 0.5", "2 ^ 99", "0 ^ -1", "__import__('os')", "1 / 0", "x"):
         with pytest.raises(ValueError):
-            evaluate(bad)
+            compute(bad)
 
 
 def test_scenarios_and_reward_are_the_dataset_s_own() -> None:
