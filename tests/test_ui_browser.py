@@ -330,6 +330,7 @@ async def test_run_page_shows_why_and_the_evaluations(
         await item.wait_for()
         text = await item.inner_text()
         assert diagnosis["finding"] in text and "--max-tokens" in text
+        assert "(100% of rollouts; fires at 20%)" in text
         cells = await page.locator("#evals tbody tr").first.locator("td").all_inner_texts()
         assert cells[:6] == ["2", "best", "test", "20", "80", "0.41 [0.3, 0.53]"]
         assert await page.locator("main img").count() == 0

@@ -174,12 +174,21 @@ function evalsView(evals) {
   if (!evals.length) { return h("p", {class: "muted"}, "No evaluation yet: art-core eval writes one here."); }
   const names = [...new Set(evals.flatMap(e => e.metrics.map(m => m.name)))];
   return h("table", {id: "evals"},
-    h("thead", {}, h("tr", {}, ["step", "chosen as", "split", "tasks", "runs", ...names, "tokens/run", "tool errors/run"].map(c => h("th", {}, c)))),
+    h("thead", {}, h("tr", {}, ["step", "chosen as", "split", "tasks", "runs", ...names.map(n => n.replace("_", " ")), "tokens/run", "tool errors/run"].map(c => h("th", {}, c)))),
     h("tbody", {}, evals.map(e => h("tr", {},
       h("td", {}, fmt(e.step)), h("td", {}, fmt(e.label)), h("td", {}, fmt(e.split)),
       h("td", {}, fmt(e.tasks)), h("td", {}, fmt(e.runs)),
       names.map(n => { const m = e.metrics.find(x => x.name === n); return h("td", {}, m ? withInterval(m) : ""); }),
       h("td", {}, fmt(e.tokens_per_run)), h("td", {}, fmt(e.tool_errors_per_run))))));
+}
+
+// "(75% of rollouts; fires at 25%)": a share of runs, groups or tool calls as a percentage; any
+// other measure (a reward spread) as the number it is.
+function shareText(d) {
+  const shares = ["rollouts", "groups", "tool calls"].includes(d.unit);
+  const show = v => v === null ? "?" : shares ? `${Math.round(v * 100)}%` : fmt(v);
+  return shares ? `(${show(d.share)} of ${d.unit}; fires at ${show(d.threshold)})`
+    : `(${d.unit} ${show(d.share)}; fires within ${show(d.threshold)})`;
 }
 
 function diagnosesView(steps) {
@@ -188,7 +197,7 @@ function diagnosesView(steps) {
     h("div", {class: "diagnosis-step", dataset: {step: s.step}}, h("b", {}, `step ${s.step}`),
       h("ul", {}, s.diagnoses.map(d => h("li", {dataset: {code: d.code}},
         h("code", {}, d.code), ` ${d.finding} `,
-        h("span", {class: "muted"}, `(${fmt(d.share)} of ${d.unit}, fires at ${fmt(d.threshold)})`),
+        h("span", {class: "muted"}, shareText(d)),
         h("div", {}, `→ ${d.setting}`)))))));
 }
 
