@@ -12,6 +12,7 @@ import pytest
 
 import art_core as art
 from art_core.diagnoses import RunDiagnoses, diagnose
+from art_core.diagnoses.facts import ToolCall, argument_error
 from art_core.diagnoses.rules import (
     ALL_EQUAL_GROUP_SHARE,
     ANSWER_WITH_LOOKUP_SHARE,
@@ -189,6 +190,19 @@ def test_invented_arguments_are_counted_by_kind() -> None:
     assert closed_schemas.setting.startswith(
         "the schemas are closed (additionalProperties: false) but tool_choice 'auto' does not "
         "enforce them: tool_choice='required'"
+    )
+
+
+def test_a_hostile_schema_pattern_cannot_hang_the_check() -> None:
+    """A tool's own regular expression is not run on model-written text: ``(a+)+$`` on 40
+    a's and a b would backtrack for longer than any step."""
+    schemas = {
+        "f": {"type": "object", "properties": {"x": {"type": "string", "pattern": "(a+)+$"}}}
+    }
+    assert argument_error(ToolCall("f", json.dumps({"x": "a" * 40 + "b"})), schemas) is None
+    assert (
+        argument_error(ToolCall("f", json.dumps({"x": 3})), schemas)
+        == "argument of the wrong type or value"
     )
 
 

@@ -32,6 +32,10 @@ CUT = "arguments cut by max_tokens"
 # e.g. an id it does not know), counted by the rollout (``metrics["tool_errors"]``).
 TOOL_FAILED = "error returned by the tool"
 
+# Arguments longer than this are checked for their names only (their values are not validated:
+# the check runs after every step, on every call).
+MAX_CHECKED_ARGUMENT_CHARS = 16_384
+
 # How a rollout that did not answer is recognized in its metadata (art_mcp's stop reasons).
 _UNANSWERED_STOPS = {"max_turns", "no_tool_call", "context_length", "length"}
 
@@ -161,13 +165,25 @@ def argument_error(tool_call: ToolCall, schemas: dict[str, dict[str, Any]]) -> s
     required = schema.get("required")
     if isinstance(required, list) and any(name not in arguments for name in required):
         return MISSING
+    if len(tool_call.arguments) > MAX_CHECKED_ARGUMENT_CHARS:
+        return None  # names checked above; the values of an argument this big are not
     try:
-        jsonschema.validate(arguments, schema)
+        jsonschema.validate(arguments, _without_patterns(schema))
     except jsonschema.ValidationError:
         return INVALID
-    except jsonschema.SchemaError:
+    except (jsonschema.SchemaError, RecursionError):
         return None  # a schema jsonschema cannot read: nothing to say about the arguments
     return None
+
+
+def _without_patterns(schema: Any) -> Any:
+    """``schema`` without its ``pattern`` keywords: a tool's regular expression (any agent's)
+    run on model-written text can backtrack for minutes; the diagnoses do without it."""
+    if isinstance(schema, dict):
+        return {k: _without_patterns(v) for k, v in schema.items() if k != "pattern"}
+    if isinstance(schema, list):
+        return [_without_patterns(v) for v in schema]
+    return schema
 
 
 def _max_tokens(params: dict[str, Any]) -> int | None:
