@@ -8,6 +8,8 @@ call's prompt starts with the previous call's prompt and sampled ids.
 from __future__ import annotations
 
 import itertools
+import json
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,3 +45,23 @@ def assert_token_exact(
         assert len(call.logprobs) == len(call.completion_token_ids) > 0
     if prefix_chain:
         assert_prefix_chain(trajectory.calls)
+
+
+def tool_call_in_text(tool_call: dict[str, Any], text: str) -> bool:
+    """Whether ``text``, a completion in the Hermes / Qwen markup (``<tool_call>{json}
+    </tool_call>``), holds this tool call (name and arguments, compared as JSON values): the
+    call a loop executed is the one the model wrote.
+
+    Example:
+        >>> call = {"function": {"name": "add", "arguments": '{"a": 1}'}}
+        >>> tool_call_in_text(call, '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')
+        True
+    """
+    for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, flags=re.DOTALL):
+        written = json.loads(body)
+        function = tool_call["function"]
+        if written.get("name") == function["name"] and written.get("arguments") == json.loads(
+            function["arguments"]
+        ):
+            return True
+    return False

@@ -1,5 +1,6 @@
 """Fixtures of the art-mcp tests: their own tiny-random model on the session's gateway
-(``backend`` comes from art_core's pytest plugin) and the faulty test server over HTTP."""
+(``backend`` comes from art_core's pytest plugin), and the shop example and the faulty test
+server over HTTP."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from art_mcp import HttpServer, spawn_http_server
-from mcp_support import FAULTY_HTTP
+from mcp_support import FAULTY_HTTP, SHOP_SCRIPT
 
 import art_core as art
 from art_core.testing.pytest_plugin import register_tiny_model
@@ -16,6 +17,13 @@ from art_core.testing.pytest_plugin import register_tiny_model
 @pytest.fixture(scope="session")
 async def mcp_model(backend: art.LocalBackend) -> art.TrainableModel:
     return await register_tiny_model(backend, "mcp-tiny", "mcp-tests")
+
+
+@pytest.fixture(scope="module")
+async def shop() -> AsyncIterator[HttpServer]:
+    """The shop example server over HTTP, one per test module."""
+    async with spawn_http_server(f"python {SHOP_SCRIPT} --http") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator
 
 import art_mcp
 import pytest
-from art_mcp import HttpServer, RolloutSettings, Scenario, spawn_http_server
+from art_mcp import HttpServer, RolloutSettings, Scenario
 from mcp_support import SHOP_SCRIPT
 
 import art_core as art
@@ -21,12 +20,6 @@ import shop_server
 SETTINGS = RolloutSettings(
     tool_choice="required", parallel_tool_calls=False, max_turns=2, max_tokens=40
 )
-
-
-@pytest.fixture(scope="module")
-async def shop() -> AsyncIterator[HttpServer]:
-    async with spawn_http_server(f"python {SHOP_SCRIPT} --http") as server:
-        yield server
 
 
 async def test_a_reward_that_never_varies_is_named_in_the_step_line_and_the_table(

@@ -6,12 +6,11 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import art_mcp
 import pytest
-from art_mcp import HttpServer, Judge, RolloutSettings, Scenario, spawn_http_server
+from art_mcp import HttpServer, Judge, RolloutSettings, Scenario
 from mcp_support import SHOP_SCRIPT
 
 import art_core as art
@@ -29,12 +28,6 @@ SETTINGS = RolloutSettings(
     max_answer_chars=12,
 )
 CONFIG = art.TrainConfig(learning_rate=1e-3, lora_rank=4, lora_alpha=8)
-
-
-@pytest.fixture(scope="module")
-async def shop() -> AsyncIterator[HttpServer]:
-    async with spawn_http_server(f"python {SHOP_SCRIPT} --http") as server:
-        yield server
 
 
 def shop_scenarios() -> list[Scenario]:

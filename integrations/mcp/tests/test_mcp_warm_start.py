@@ -5,21 +5,13 @@ and the time budget that makes runs with and without it comparable."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import art_mcp
 import pytest
-from art_mcp import HttpServer, WarmStart, spawn_http_server
-from mcp_support import SHOP_SCRIPT
+from art_mcp import HttpServer, WarmStart
 from test_mcp_train import CONFIG, SETTINGS, shop_scenarios, varied_answer_reward
 
 import art_core as art
-
-
-@pytest.fixture(scope="module")
-async def shop() -> AsyncIterator[HttpServer]:
-    async with spawn_http_server(f"python {SHOP_SCRIPT} --http") as server:
-        yield server
 
 
 def scored_runs(trajectory_groups: list[art.TrajectoryGroup]) -> list[float]:

@@ -4,10 +4,6 @@ dataset's own ``score_answer``, and trained on for a step."""
 
 from __future__ import annotations
 
-import json
-import re
-from typing import Any
-
 import art_mcp
 import pytest
 import reasoning_gym
@@ -22,7 +18,7 @@ from art_reasoning_gym import (
 )
 
 import art_core as art
-from art_core.testing.checks import assert_token_exact
+from art_core.testing.checks import assert_token_exact, tool_call_in_text
 from art_core.testing.pytest_plugin import register_tiny_model
 
 SETTINGS = RolloutSettings(
@@ -42,19 +38,6 @@ def powers(size: int = 3) -> reasoning_gym.dataset.ProceduralDataset:
     figures, 0.01 for any other answer and 0.0 for none, so a run that answers scores above one
     that never does (partial credit the generator defines)."""
     return reasoning_gym.create_dataset("power_function", size=size, seed=7)
-
-
-def tool_call_in_text(tool_call: dict[str, Any], text: str) -> bool:
-    """Whether the sampled text holds this tool call (name and arguments, as JSON values): the
-    call the loop executed is the one the model wrote."""
-    for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, flags=re.DOTALL):
-        written = json.loads(body)
-        function = tool_call["function"]
-        if written.get("name") == function["name"] and written.get("arguments") == json.loads(
-            function["arguments"]
-        ):
-            return True
-    return False
 
 
 def arithmetic(size: int = 4) -> reasoning_gym.dataset.ProceduralDataset:
