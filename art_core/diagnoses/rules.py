@@ -233,9 +233,10 @@ def repeated_calls(step: StepFacts) -> Diagnosis | None:
         ),
         setting=(
             "warm-start from runs that answer (art_mcp: --warm-start, SFT on a teacher's or "
-            f"the model's own successful runs), or say in the system prompt to {finish} once "
-            "the result is read (--system-prompt); dynamic_sampling keeps the rare groups "
-            "that answer"
+            "the model's own successful runs); answer a repeated call with a notice instead of "
+            "running it again (art_mcp: RolloutSettings.repeated_call_notice, on by default), "
+            f"or say in the system prompt to {finish} once the result is read "
+            "(--system-prompt); dynamic_sampling keeps the rare groups that answer"
         ),
         share=share,
         threshold=REPEATED_CALL_SHARE,

@@ -31,6 +31,30 @@ DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = (
 MAX_LORA_RANK = 4096
 MAX_EPOCHS = 10_000
 
+# ``TrainConfig.off_policy_mask``'s default: IcePop's band (Ring-1T), see the field.
+DEFAULT_OFF_POLICY_MASK = (0.5, 5.0)
+
+
+def check_off_policy_mask(band: tuple[float, float]) -> tuple[float, float]:
+    """``band`` as ``(low, high)`` when it is a valid ``off_policy_mask``: both finite and
+    ``0 < low < 1 < high``, so a ratio of 1 (trainer and sampler agree) is always kept.
+
+    Example:
+        >>> check_off_policy_mask((0.5, 5))
+        (0.5, 5.0)
+        >>> check_off_policy_mask((2.0, 5.0))
+        Traceback (most recent call last):
+        ...
+        ValueError: off_policy_mask must be (low, high) with 0 < low < 1 < high, both finite; got (2.0, 5.0)
+    """
+    values = [float(value) for value in band]
+    if len(values) != 2 or not all(map(math.isfinite, values)) or not 0 < values[0] < 1 < values[1]:
+        raise ValueError(
+            "off_policy_mask must be (low, high) with 0 < low < 1 < high, both finite; "
+            f"got {tuple(band)}"
+        )
+    return values[0], values[1]
+
 
 class TrainingSettings(BaseModel):
     """What every kind of step on a model's adapter shares (GRPO ``TrainConfig`` and
@@ -212,6 +236,34 @@ class TrainConfig(TrainingSettings):
         description="Cap C of truncated importance sampling: each token's loss is weighted by "
         "min(p_trainer / p_sampler, C) to correct the sampler/trainer mismatch. None = off.",
     )
+    off_policy_mask: tuple[float, float] | None = Field(
+        default=DEFAULT_OFF_POLICY_MASK,
+        description="Masked importance sampling (IcePop): a token whose trainer/sampler "
+        "probability ratio exp(logp_trainer - logp_sampler), the trainer's logprob taken before "
+        "the update, lies outside [low, high] gets no policy gradient (at the sequence level: a "
+        "whole sequence, by its geometric-mean ratio). Kept tokens train exactly as without it "
+        "(then TIS, if on, weights them by min(ratio, C)); masked ones stay in the loss "
+        "normalisation. Reported as train/off_policy/masked_share. None = off.",
+    )
+    # On by default, with IcePop's band. Sources read: the IcePop objective and the band it
+    # trained Ring-1T with, alpha=0.5, beta=5 ("Every Step Evolves", IcePop section and
+    # training recipe; its blog saw 1-2 per mille of tokens masked on a MoE model with a
+    # separate inference engine); slime's ``icepop_function`` (band [tis_clip_low, tis_clip]);
+    # verl's rollout correction (``rollout_rs``: token, sequence or geometric rejection, off
+    # by default, lower bound 1/upper when unset); TRL 1.16, which masks by default when vLLM
+    # samples (``vllm_importance_sampling_mode="sequence_mask"``, C_max 3); Liu, Li et al.,
+    # "When Speed Kills Stability" (masking, MIS, over truncating: the worst mismatches sit on
+    # low-probability tokens, which give the largest gradients); Yao et al., "Your Efficient
+    # RL Framework Secretly Brings You Off-Policy RL Training" (TIS, C=2: the setting above).
+    # Here the sampler is our own engine on the same weights (fp32: the ratio is 1 to float
+    # precision; bf16 or vLLM: rounding), so the band masks nothing while trainer and sampler
+    # agree, and the loss is then unchanged. It drops the tokens whose recorded probability is
+    # off by 2x-5x: a sampler that recorded other logprobs (another temperature, adapter or
+    # model), or in a pipeline a token the updates since its sampling made 2x less or 5x more
+    # likely. Cost: it needs the trainer's logprobs before the update, free with one optimizer
+    # update per epoch; with several, one no-grad forward of the later updates' micro-batches
+    # (the pass TIS needs too). A high masked share means the sampler's logprobs are not the
+    # trainer's: fix that rather than widen the band.
     beta: float = Field(
         default=0.0, ge=0, le=1e3, description="Weight of the k3 KL penalty to the base model."
     )
@@ -257,6 +309,13 @@ class TrainConfig(TrainingSettings):
             False
         """
         return self.teacher is not None
+
+    @field_validator("off_policy_mask")
+    @classmethod
+    def _check_off_policy_mask(
+        cls, value: tuple[float, float] | None
+    ) -> tuple[float, float] | None:
+        return None if value is None else check_off_policy_mask(value)
 
     @field_validator("scale_rewards", mode="before")
     @classmethod

@@ -16,10 +16,13 @@ the micro-batches of a step gives weighted means.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+
+from art_core.training.config import check_off_policy_mask
 
 
 @dataclass
@@ -224,6 +227,7 @@ def grpo_loss(
     epsilon_high: float | None = None,
     old_logprobs: torch.Tensor | None = None,
     truncated_importance_sampling: float | None = None,
+    off_policy_mask: tuple[float, float] | None = None,
     ref_logprobs: torch.Tensor | None = None,
     beta: float = 0.0,
     entropy: torch.Tensor | None = None,
@@ -250,18 +254,30 @@ def grpo_loss(
     - ``cispo``: ``-sg(clip(r, 1 - eps, 1 + eps_high)) * A * logp`` (``sg`` = stop-gradient;
       unlike PPO, clipped tokens still get a gradient, only its size is capped)
 
-    ``logp_old`` is the sampler's logprob, unless ``old_logprobs`` (the trainer's own logprobs
-    before the update) is given: then, with ``truncated_importance_sampling = C``, each token's
-    policy loss is multiplied by ``sg(min(exp(logp_old - logp_sampler), C))`` to correct for
-    the sampler and trainer computing slightly different probabilities (at the sequence
-    level: the geometric mean of those token ratios over the sequence, capped at ``C``).
+    ``logp_old`` is the sampler's logprob, unless ``truncated_importance_sampling = C`` is set:
+    then it is ``old_logprobs`` (the trainer's own logprobs before the update), and each
+    token's policy loss is multiplied by ``sg(min(exp(logp_old - logp_sampler), C))`` to
+    correct for the sampler and trainer computing slightly different probabilities (at the
+    sequence level: the geometric mean of those token ratios over the sequence, capped at
+    ``C``).
+
+    ``off_policy_mask = (low, high)`` (masked importance sampling, IcePop): a token whose
+    trainer/sampler ratio ``exp(logp_old - logp_sampler)`` (``old_logprobs`` again) lies
+    outside ``[low, high]`` gets no policy loss and no policy gradient; kept tokens keep
+    exactly the loss they had without the mask (the PPO/CISPO ratio's reference does not
+    change). At the sequence level the geometric-mean ratio decides, for the whole sequence.
+    With TIS too the mask comes first: kept tokens are weighted by ``min(ratio, C)``, masked
+    ones by 0 (``C >= high`` gives IcePop's ``M(k) = k`` on ``[low, high]``, 0 outside). A
+    masked token stays in the loss normalisation (its weight is not moved to the others;
+    why: the comment where the mask applies); only the policy loss is masked, like TIS.
     With ``beta > 0`` and ``ref_logprobs`` (adapter disabled), ``beta * k3`` is added.
     ``distill`` (``reverse_kl``'s loss and kl per token) adds ``distill_weight * loss``;
     ``policy_loss_weight=0`` leaves the policy loss out (distillation alone).
 
     The loss is ``sum(weights * per-token loss)`` (``weights``: the loss normalisation, see
     ``advantages.token_weight``); metrics are sums weighted by ``metric_weights`` (the
-    per-rollout credit; default ``weights``).
+    per-rollout credit; default ``weights``). With the mask, ``off_policy/masked_share`` is
+    the masked tokens' share, weighted like ``clip_fraction``.
 
     Example:
         >>> out = grpo_loss(torch.tensor([-1.0]), torch.tensor([-1.0]),
@@ -287,6 +303,10 @@ def grpo_loss(
         raise ValueError("beta > 0 needs ref_logprobs (the base model's logprobs)")
     if truncated_importance_sampling is not None and old_logprobs is None:
         raise ValueError("truncated importance sampling needs the trainer's old_logprobs")
+    band = None if off_policy_mask is None else check_off_policy_mask(off_policy_mask)
+    if band is not None:
+        if old_logprobs is None:
+            raise ValueError("off_policy_mask needs the trainer's old_logprobs")
     if importance_sampling_level not in ("token", "sequence"):
         raise ValueError(
             f"importance_sampling_level must be 'token' or 'sequence', got "
@@ -302,8 +322,20 @@ def grpo_loss(
         assert sequence_index is not None or not sequence_level  # checked above
         return sequence_means(log_ratio, sequence_index) if sequence_level else log_ratio  # type: ignore[arg-type]
 
-    reference = sampler_logprobs if old_logprobs is None else old_logprobs
-    ratio = torch.exp(level(logprobs - reference))
+    truncated = truncated_importance_sampling is not None
+    reference = old_logprobs if truncated and old_logprobs is not None else sampler_logprobs
+    log_ratio = logprobs - reference
+    keep = None
+    if band is not None:
+        assert old_logprobs is not None  # checked above
+        # In log space, so that no mismatch overflows the test (and a NaN one is masked).
+        mismatch = level(old_logprobs - sampler_logprobs).detach()
+        keep = (mismatch >= math.log(band[0])) & (mismatch <= math.log(band[1]))
+        # A masked token's ratio is set to 1 before exp: its loss stays finite and its
+        # gradient is exactly 0, whatever its mismatch (masking after an exp that overflowed
+        # would give 0 * inf = nan in backward). Kept tokens' values are untouched.
+        log_ratio = torch.where(keep, log_ratio, torch.zeros_like(log_ratio))
+    ratio = torch.exp(level(log_ratio))
     clipped_ratio = torch.clamp(ratio, low, high)
     if loss_type == "ppo":
         unclipped_objective = ratio * advantages
@@ -317,11 +349,25 @@ def grpo_loss(
     else:
         raise ValueError(f"loss_type must be 'ppo' or 'cispo', got {loss_type!r}")
 
+    if keep is not None:
+        # Masked tokens get no policy loss. Their ``weights`` are left as they are, so they
+        # still count in the loss normalisation (the denominator), as PPO-clipped tokens do:
+        # IcePop's objective keeps 1/|y_i| (Ring-1T paper), slime keeps each rollout's
+        # precomputed token total and TRL zeroes the ratio without touching completion_mask
+        # (verl's rejection sampling does drop them from the denominator). Here the weights
+        # are fixed before any forward, since a rollout's tokens and an update's can span
+        # micro-batches whose gradients are accumulated one by one: renormalising would need
+        # every token's mask before the first backward, one more forward pass even for a
+        # one-update step; and a masked token does not make its rollout's others weigh more.
+        policy_loss = torch.where(keep, policy_loss, torch.zeros_like(policy_loss))
     if truncated_importance_sampling is not None:
         assert old_logprobs is not None  # checked above
         tis_weight = torch.exp(level(old_logprobs - sampler_logprobs)).clamp(
             max=truncated_importance_sampling
         )
+        if keep is not None:
+            # Mask first, then truncation: kept tokens weigh min(ratio, C), masked ones 0.
+            tis_weight = torch.where(keep, tis_weight, torch.zeros_like(tis_weight))
         policy_loss = policy_loss * tis_weight.detach()
 
     per_token = policy_loss * policy_loss_weight
@@ -349,6 +395,8 @@ def grpo_loss(
         if sequence_level:
             metrics["sequence_ratio"] = float((credit * ratio).sum())
         metrics["logprob_mismatch"] = float((credit * (logprobs - sampler_logprobs).abs()).sum())
+        if keep is not None:
+            metrics["off_policy/masked_share"] = float((credit * (~keep).float()).sum())
         if entropy is not None:
             metrics["entropy"] = float((credit * entropy).sum())
     return LossOutput(loss=loss, metrics=metrics)

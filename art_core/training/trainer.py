@@ -63,6 +63,12 @@ from art_core.trajectories import TrajectoryGroup
 logger = logging.getLogger(__name__)
 
 
+def _needs_old_logprobs(config: TrainConfig) -> bool:
+    """Whether the loss needs the trainer's logprobs before the update: truncated importance
+    sampling and the off-policy mask compare them with the sampler's."""
+    return config.truncated_importance_sampling is not None or config.off_policy_mask is not None
+
+
 class Trainer:
     """GRPO training of a LoRA adapter on captured trajectories, for one model folder.
 
@@ -508,10 +514,14 @@ class Trainer:
                     for position, batch in enumerate(micro_batches):
                         if self.device.type == "cpu":
                             follow_free_cores()  # fewer threads while other processes run
-                        old = old_logprobs.get((update, position))
-                        out = self._micro_batch_loss(
-                            batch, config, old, seen=seen if epoch == 0 else None
+                        key = (update, position)
+                        out, old = self._micro_batch_loss(
+                            batch, config, old_logprobs.get(key), seen=seen if epoch == 0 else None
                         )
+                        if old is not None:
+                            # The first update's, from its first forward (no update has run
+                            # yet): kept for the later epochs, which must not recompute it.
+                            old_logprobs.setdefault(key, old)
                         out.loss.backward()
                         if batch.num_sequences:
                             stats.micro_batch(
@@ -568,12 +578,17 @@ class Trainer:
         old_logprobs: torch.Tensor | None,
         *,
         seen: SeenLogprobs | None = None,
-    ) -> LossOutput:
-        """Forward one micro-batch and compute its share of the step's loss.
+    ) -> tuple[LossOutput, torch.Tensor | None]:
+        """Forward one micro-batch and compute its share of the step's loss; also return the
+        trainer's logprobs before the update that the loss used (None when it needed none).
+
+        ``old_logprobs``: those logprobs when the policy has moved since (``_old_logprobs``);
+        None means it has not, and this forward's (detached) are them. Truncated importance
+        sampling and the off-policy mask need them.
 
         With ``seen``, the trainer's logprobs of its trained tokens go there by example
-        source: the policy before any update when truncated importance sampling computed
-        it (``old_logprobs``), else this forward's.
+        source: the policy before any update when truncated importance sampling made it the
+        ratio's reference, else this forward's (what the loss's ratio saw).
         """
         device = self.device
         teacher = config.teacher if batch.teacher_logprobs is not None else None
@@ -592,11 +607,14 @@ class Trainer:
             del logits
         else:
             logprobs, entropy = self._logprobs(batch, config)
+        tis = config.truncated_importance_sampling is not None
         if seen is not None:
-            record_logprobs(seen, batch, logprobs if old_logprobs is None else old_logprobs)
+            record_logprobs(
+                seen, batch, old_logprobs if tis and old_logprobs is not None else logprobs
+            )
         old = None
-        if config.truncated_importance_sampling is not None:
-            # Single optimizer step: the policy before the update is the current one.
+        if _needs_old_logprobs(config):
+            # None: the policy has not moved yet, the one before the update is this forward's.
             old = logprobs.detach() if old_logprobs is None else old_logprobs
         sampler = batch.sampler_logprobs.to(device)
         distill = None
@@ -625,6 +643,7 @@ class Trainer:
             epsilon_high=config.upper_epsilon,
             old_logprobs=old,
             truncated_importance_sampling=config.truncated_importance_sampling,
+            off_policy_mask=config.off_policy_mask,
             ref_logprobs=self._ref_logprobs(batch, config),
             beta=config.beta,
             entropy=entropy,
@@ -640,21 +659,23 @@ class Trainer:
                 None if batch.teacher_top_ids is None else batch.teacher_top_ids.to(device)
             ),
             target_ids=batch.target_ids.to(device),
-        )
+        ), old
 
     def _old_logprobs(
         self, plan: list[list[MicroBatch]], config: TrainConfig
     ) -> dict[tuple[int, int], torch.Tensor]:
-        """The trainer's logprobs before any update, for truncated importance sampling.
+        """The trainer's logprobs before any update, for truncated importance sampling and
+        the off-policy mask, by (update, micro-batch): those of the updates after the first.
 
-        With a single optimizer step they equal the first forward's (detached), so the extra
-        pass is only paid when the policy moves between forwards of the same data.
+        The first update's equal its first forward's (detached; ``_run_updates`` keeps them
+        for the later epochs), so this extra pass is only paid for the micro-batches that
+        first run after the policy moved: those of the second and later updates.
         """
-        if config.truncated_importance_sampling is None or config.num_epochs * len(plan) <= 1:
+        if not _needs_old_logprobs(config) or len(plan) <= 1:
             return {}
         old: dict[tuple[int, int], torch.Tensor] = {}
         with self._no_grad_eval():
-            for index, micro_batches in enumerate(plan):
+            for index, micro_batches in enumerate(plan[1:], start=1):
                 for position, batch in enumerate(micro_batches):
                     old[(index, position)] = self._logprobs(batch, config)[0]
         return old
