@@ -172,7 +172,15 @@ async def warm_start(
         position += count
         spent += count * args.warm_runs
         groups = await source.groups(agent, chosen, args.warm_runs, args.warm_temperature)
-        traces += art.best_trajectories(groups, min_reward=1.0)
+        # A run whose every answer max_tokens cut is no demonstration of a finished turn
+        # (train_sft refuses it), even when what it wrote before the cut scored.
+        finished = [
+            art.TrajectoryGroup(
+                [t for t in g.trajectories if any(c.finish_reason != "length" for c in t.calls)]
+            )
+            for g in groups
+        ]
+        traces += art.best_trajectories(finished, min_reward=1.0)
         print(f"  warm start: {len(traces)} traces from {spent} runs", flush=True)
     collected = time.perf_counter() - started
     clock.add("warm start runs", collected)
@@ -201,6 +209,8 @@ async def run(args: argparse.Namespace, workdir: Path, stack: AsyncExitStack) ->
     errlog = stack.enter_context((workdir / "servers.log").open("a"))
     args.max_tokens = args.max_tokens or MAX_TOKENS[args.source]
     source = await build_source(args, workdir, stack, errlog)
+    if args.smoke:  # every path, on a few tasks of each split
+        source.test, source.val = source.test[:8], source.val[:4]
     print(describe(source), flush=True)
     result = RunResult(
         source=args.source,
@@ -340,6 +350,8 @@ def cached(name: str) -> str:
     then takes a second, inside the budget."""
     from art_core.embedded import is_embedded_name, resolve_base_model
 
+    if name.startswith("tiny-"):  # built in a moment, where the backend keeps its models
+        return name
     if is_embedded_name(name) or name.endswith(".gguf"):
         return str(resolve_base_model(name, ROOT / ".art"))
     return name
@@ -361,7 +373,7 @@ async def build_source(
     if args.source == "verifiers":
         from art_verifiers.runtime import install_runtime
 
-        install_runtime(extra=("reasoning-gym==0.1.19",))
+        install_runtime(extra=("reasoning-gym==0.1.25",))
         return verifiers_source(args.seed, args.max_tokens)
     import art_mcp
 
@@ -387,9 +399,7 @@ def table(path: Path = RESULTS) -> str:
     for raw in path.read_text().splitlines() if path.exists() else []:
         r = json.loads(raw)
         warm = r.get("warm") or {}
-        warm_text = (
-            f"{warm.get('traces', 0)} traces of {warm.get('runs', 0)} runs" if warm else "-"
-        )
+        warm_text = f"{warm.get('traces', 0)} traces of {warm.get('runs', 0)} runs" if warm else "-"
         change = r["change"]
         rose = change["low"] > 0
         bold = "**" if rose else ""
@@ -465,9 +475,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.table:
         print(table())
         sys.exit(0)
-    if args.source is None:
-        parser.error("--source is required (or --table)")
     if args.smoke:
+        args.source = args.source or "time"
         args.model, args.teacher, args.max_steps, args.record = (
             "tiny-random",
             "tiny-random",
@@ -477,6 +486,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.groups_per_step, args.rollouts_per_group, args.max_tokens = 2, 2, 24
         args.warm_runs, args.warm_traces, args.warm_budget, args.warm_batch = 2, 2, 8, 4
         args.sft_epochs, args.sft_batch_size, args.minutes = 1, 2, 30.0
+    if args.source is None:
+        parser.error("--source is required (or --table)")
     return args
 
 

@@ -52,9 +52,9 @@ class RolloutSettings:
     (``additionalProperties: false``), so a grammar-constrained model cannot invent arguments.
     ``max_answer_chars`` bounds ``complete_task``'s answer.
     ``repeated_call_notice``: a call that repeats an earlier *successful* call of the run (same
-    tool, same arguments) is not run again; its tool message says the result is already in
-    the conversation and to give the final answer (a failed call may be retried as often as
-    the model likes). Small models repeat a lookup until the turn limit and never answer: the
+    tool, same arguments) is not run again; its tool message gives the earlier result again
+    and says to give the final answer (a failed call may be retried as often as the model
+    likes). Small models repeat a lookup until the turn limit and never answer: the
     real Qwen2.5-Coder-0.5B on ``mcp-server-time`` answered 0 of 8 tasks without it and 12 of
     16 with it (greedy, ``tool_choice="required"``; ``benchmarks/learning_suite.py``). Counted
     in the ``repeated_calls`` metric. Default on; False runs every call.
@@ -272,7 +272,9 @@ async def _loop(
                 # small model that repeats a lookup until the turn limit never answers; say so
                 # instead of running the tool again.
                 stats.repeated_calls += 1
-                content = _repeat_notice(name, _answer_tool(task, settings, toolset))
+                content = _repeat_notice(
+                    name, stats.results[key], _answer_tool(task, settings, toolset)
+                )
             else:
                 errors = stats.tool_errors
                 content = await _execute(
@@ -330,18 +332,23 @@ def _canonical(raw_arguments: str | None) -> str:
         return raw_arguments or ""
 
 
-def _repeat_notice(name: str, answer_tool: str | None) -> str:
-    """What a repeated call gets instead of running again.
+def _repeat_notice(name: str, result: str, answer_tool: str | None) -> str:
+    """What a repeated call gets instead of running again: the earlier result once more, and
+    what to do next. The result comes last but one: a small model that copies from the latest
+    message then copies the data, not the instruction (with the instruction last and no
+    result, the real Qwen2.5-0.5B answered "Error: git_log was already called ...").
 
     Example:
-        >>> _repeat_notice("convert_time", "complete_task").split("; ")[-1]
-        'its result is above. Do not call it again: call complete_task with the final answer.'
-        >>> _repeat_notice("convert_time", None).split(": ")[-1]
-        'give the final answer.'
+        >>> print(_repeat_notice("add", "5", "complete_task"))
+        You already called add with these arguments. Its result was:
+        5
+        Do not call it again: call complete_task with the final answer.
+        >>> _repeat_notice("add", "5", None).splitlines()[-1]
+        'Do not call it again: give the final answer.'
     """
     finish = f"call {answer_tool} with the final answer" if answer_tool else "give the final answer"
     return (
-        f"Error: {name} was already called with these arguments; its result is above. "
+        f"You already called {name} with these arguments. Its result was:\n{result}\n"
         f"Do not call it again: {finish}."
     )
 

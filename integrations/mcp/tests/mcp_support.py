@@ -25,8 +25,10 @@ SHOP_SCRIPT = REPO / "examples" / "mcp" / "shop_server.py"
 
 def forced(tool: str, **overrides: Any) -> RolloutSettings:
     """Settings that make tiny-random call exactly ``tool`` every turn (grammar-forced, one
-    call per turn, enum-bounded arguments), running ``max_turns`` turns."""
+    call per turn, enum-bounded arguments), running ``max_turns`` turns; every call runs (no
+    repeated-call notice: the same enum value twice is likely)."""
     values: dict[str, Any] = {
+        "repeated_call_notice": False,
         "tools": [tool],
         "tool_choice": "required",
         "parallel_tool_calls": False,

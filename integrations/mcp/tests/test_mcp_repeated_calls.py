@@ -20,14 +20,17 @@ async def test_a_repeated_successful_call_gets_a_notice_not_a_second_run(
         mcp_model,
         "Fetch the big text.",
         FAULTY_STDIO,
-        settings=forced("big", max_turns=3, max_tool_result_chars=64),
+        settings=forced("big", max_turns=3, max_tool_result_chars=64, repeated_call_notice=True),
     )
+    # The record holds what the model saw: the last turn's tool message came after the last
+    # call, so three turns show two tool messages.
     first, *repeats = tool_messages(trajectory)
     assert first.startswith("x" * 32)  # the tool's real (truncated) output
-    assert len(repeats) == 2
+    assert len(repeats) == 1
     for notice in repeats:
-        assert notice.startswith("Error: big was already called with these arguments")
-        assert "give the final answer" in notice
+        assert notice.startswith("You already called big with these arguments.")
+        assert first in notice  # the earlier result, again
+        assert notice.endswith("Do not call it again: give the final answer.")
     assert trajectory.metrics["tool_calls"] == 1  # the server ran it once
     assert trajectory.metrics["repeated_calls"] == 2
     # The notice is part of what the model saw: the next call's prompt holds it.
@@ -41,17 +44,19 @@ async def test_failed_calls_and_the_setting_off_run_every_time(
         mcp_model,
         "Make it explode.",
         FAULTY_STDIO,
-        settings=forced("explode", max_turns=3),
+        settings=forced("explode", max_turns=3, repeated_call_notice=True),
     )
     assert failing.metrics["tool_calls"] == 3  # each failed call ran again
     assert failing.metrics["repeated_calls"] == 0
     assert all("already called" not in m for m in tool_messages(failing))
+    assert failing.metrics["tool_errors"] == 3
 
     off = await rollout(
         mcp_model,
         "Fetch the big text.",
         FAULTY_STDIO,
-        settings=forced("big", max_turns=2, max_tool_result_chars=64, repeated_call_notice=False),
+        settings=forced("big", max_turns=3, max_tool_result_chars=64, repeated_call_notice=False),
     )
-    assert off.metrics["tool_calls"] == 2
-    assert all(m.startswith("x" * 32) for m in tool_messages(off))
+    assert off.metrics["tool_calls"] == 3
+    assert off.metrics["repeated_calls"] == 0
+    assert [m[:32] for m in tool_messages(off)] == ["x" * 32] * 2
