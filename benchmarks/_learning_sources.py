@@ -20,14 +20,13 @@ about +/-0.1 at worst), ``val`` (32 tasks: choosing the step), ``train`` (the re
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import shlex
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -57,11 +56,6 @@ class Source:
     val: list[Any]
     test: list[Any]
     groups: GroupsFn
-    # For the MCP sources (the warm start's teacher runs through art_mcp.warm_start).
-    server: Any = None
-    reward_fn: Any = None
-    settings: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _split(items: list[Any], label: str) -> tuple[list[Any], list[Any], list[Any]]:
@@ -69,6 +63,42 @@ def _split(items: list[Any], label: str) -> tuple[list[Any], list[Any], list[Any
         raise SystemExit(f"{label}: only {len(items)} distinct tasks")
     test, val = items[:TEST_TASKS], items[TEST_TASKS : TEST_TASKS + VAL_TASKS]
     return items[TEST_TASKS + VAL_TASKS :], val, test
+
+
+def _tool_settings(max_tokens: int, max_answer_chars: int, prompt: str, **more: Any) -> Any:
+    """What every MCP source runs with: one grammar-forced call a turn, at most 3 turns."""
+    import art_mcp
+
+    return art_mcp.RolloutSettings(
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_turns=3,
+        max_tokens=max_tokens,
+        max_answer_chars=max_answer_chars,
+        system_prompt=prompt,
+        **more,
+    )
+
+
+def _mcp_source(
+    name: str,
+    description: str,
+    tasks: list[Any],
+    server: Any,
+    reward: Any,
+    settings: Any,
+    errlog: Any,
+) -> Source:
+    """An MCP source: its tasks split, its groups run by ``art_mcp.rollout`` on ``server``."""
+    train, val, test = _split(tasks, name)
+    return Source(
+        name=name,
+        description=description,
+        train=train,
+        val=val,
+        test=test,
+        groups=_mcp_groups(server, reward, settings, errlog),
+    )
 
 
 def _mcp_groups(server: Any, reward_fn: Any, settings: Any, errlog: Any) -> GroupsFn:
@@ -189,26 +219,16 @@ def calculator_source(seed: int, max_tokens: int, server: Any, errlog: Any) -> S
         entry = dataset[scenario.metadata["index"]]
         return float(dataset.score_answer(str(answer).strip() if answer else None, entry))
 
-    settings = art_mcp.RolloutSettings(
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_turns=3,
-        max_tokens=max_tokens,
-        max_answer_chars=40,
-        system_prompt=CALCULATOR_PROMPT,
-    )
-    train, val, test = _split(tasks[:600], "calculator")
-    return Source(
-        name="calculator",
-        description="reasoning-gym basic_arithmetic (2-3 terms, <= 3 digits, +-*) with the "
+    settings = _tool_settings(max_tokens, 40, CALCULATOR_PROMPT)
+    return _mcp_source(
+        "calculator",
+        "reasoning-gym basic_arithmetic (2-3 terms, <= 3 digits, +-*) with the "
         "PyPI mcp-server-calculator",
-        train=train,
-        val=val,
-        test=test,
-        groups=_mcp_groups(server, reward, settings, errlog),
-        server=server,
-        reward_fn=reward,
-        settings=settings,
+        tasks[:600],
+        server,
+        reward,
+        settings,
+        errlog,
     )
 
 
@@ -271,25 +291,15 @@ def time_source(seed: int, max_tokens: int, server: Any, errlog: Any) -> Source:
         expected = converted(meta["clock"], meta["source"], meta["target"])
         return float(isinstance(answer, str) and expected in answer)
 
-    settings = art_mcp.RolloutSettings(
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_turns=3,
-        max_tokens=max_tokens,
-        max_answer_chars=24,
-        system_prompt=TIME_PROMPT,
-    )
-    train, val, test = _split(tasks, "time")
-    return Source(
-        name="time",
-        description="PyPI mcp-server-time: convert a time between two of 12 IANA timezones",
-        train=train,
-        val=val,
-        test=test,
-        groups=_mcp_groups(server, reward, settings, errlog),
-        server=server,
-        reward_fn=reward,
-        settings=settings,
+    settings = _tool_settings(max_tokens, 24, TIME_PROMPT)
+    return _mcp_source(
+        "time",
+        "PyPI mcp-server-time: convert a time between two of 12 IANA timezones",
+        tasks,
+        server,
+        reward,
+        settings,
+        errlog,
     )
 
 
@@ -383,28 +393,16 @@ def git_source(seed: int, max_tokens: int, root: Path, server: Any, errlog: Any)
             )
             tasks.append(art_mcp.Scenario(task=question, answer=repo[kind]))
     rng.shuffle(tasks)
-    settings = art_mcp.RolloutSettings(
-        tool_choice="required",
-        tools=GIT_TOOLS,
-        parallel_tool_calls=False,
-        max_turns=3,
-        max_tokens=max_tokens,
-        max_answer_chars=48,
-        system_prompt=GIT_PROMPT,
-        connect_timeout_s=60.0,
-    )
-    train, val, test = _split(tasks, "git")
-    return Source(
-        name="git",
-        description="PyPI mcp-server-git over 200 generated repositories: the current branch "
+    settings = _tool_settings(max_tokens, 48, GIT_PROMPT, tools=GIT_TOOLS, connect_timeout_s=60.0)
+    return _mcp_source(
+        "git",
+        "PyPI mcp-server-git over 200 generated repositories: the current branch "
         "or the latest commit's subject",
-        train=train,
-        val=val,
-        test=test,
-        groups=_mcp_groups(server, exact_answer, settings, errlog),
-        server=server,
-        reward_fn=exact_answer,
-        settings=settings,
+        tasks,
+        server,
+        exact_answer,
+        settings,
+        errlog,
     )
 
 
@@ -417,9 +415,3 @@ def describe(source: Source) -> str:
         f"{source.name}: {source.description}; train {len(source.train)}, val "
         f"{len(source.val)}, test {len(source.test)} tasks"
     )
-
-
-def dump_tasks(source: Source) -> str:
-    """The first test task, for the run log."""
-    first = source.test[0]
-    return json.dumps(getattr(first, "task", first), default=str)
