@@ -47,7 +47,9 @@ from _learning_sources import (
     CALCULATOR_SERVER,
     GIT_SERVER,
     SOURCES,
+    TEST_TASKS,
     TIME_SERVER,
+    VAL_TASKS,
     Source,
     calculator_source,
     describe,
@@ -102,8 +104,6 @@ class RunResult:
 def reserve(val_time: float) -> float:
     """Seconds to keep for the final test: the validation's time scaled to the test's size,
     with a margin."""
-    from _learning_sources import TEST_TASKS, VAL_TASKS
-
     return 1.2 * val_time * TEST_TASKS / VAL_TASKS
 
 
