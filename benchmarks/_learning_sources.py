@@ -65,14 +65,21 @@ def _split(items: list[Any], label: str) -> tuple[list[Any], list[Any], list[Any
     return items[TEST_TASKS + VAL_TASKS :], val, test
 
 
-def _tool_settings(max_tokens: int, max_answer_chars: int, prompt: str, **more: Any) -> Any:
-    """What every MCP source runs with: one grammar-forced call a turn, at most 3 turns."""
+# Model calls a run of an MCP source may make (its answer tool's call included), unless
+# ``--max-turns`` says otherwise: a lookup, the repeated-call notice's turn, the answer.
+MAX_TURNS = 3
+
+
+def _tool_settings(
+    max_tokens: int, max_turns: int, max_answer_chars: int, prompt: str, **more: Any
+) -> Any:
+    """What every MCP source runs with: one grammar-forced call a turn, ``max_turns`` turns."""
     import art_mcp
 
     return art_mcp.RolloutSettings(
         tool_choice="required",
         parallel_tool_calls=False,
-        max_turns=3,
+        max_turns=max_turns,
         max_tokens=max_tokens,
         max_answer_chars=max_answer_chars,
         system_prompt=prompt,
@@ -191,7 +198,9 @@ CALCULATOR_PROMPT = (
 )
 
 
-def calculator_source(seed: int, max_tokens: int, server: Any, errlog: Any) -> Source:
+def calculator_source(
+    seed: int, max_tokens: int, server: Any, errlog: Any, max_turns: int = MAX_TURNS
+) -> Source:
     import art_mcp
     import reasoning_gym
 
@@ -219,7 +228,7 @@ def calculator_source(seed: int, max_tokens: int, server: Any, errlog: Any) -> S
         entry = dataset[scenario.metadata["index"]]
         return float(dataset.score_answer(str(answer).strip() if answer else None, entry))
 
-    settings = _tool_settings(max_tokens, 40, CALCULATOR_PROMPT)
+    settings = _tool_settings(max_tokens, max_turns, 40, CALCULATOR_PROMPT)
     return _mcp_source(
         "calculator",
         "reasoning-gym basic_arithmetic (2-3 terms, <= 3 digits, +-*) with the "
@@ -266,7 +275,9 @@ def converted(clock: str, source: str, target: str) -> str:
     return when.astimezone(ZoneInfo(target)).strftime("%H:%M")
 
 
-def time_source(seed: int, max_tokens: int, server: Any, errlog: Any) -> Source:
+def time_source(
+    seed: int, max_tokens: int, server: Any, errlog: Any, max_turns: int = MAX_TURNS
+) -> Source:
     import art_mcp
 
     rng = random.Random(seed)
@@ -291,7 +302,7 @@ def time_source(seed: int, max_tokens: int, server: Any, errlog: Any) -> Source:
         expected = converted(meta["clock"], meta["source"], meta["target"])
         return float(isinstance(answer, str) and expected in answer)
 
-    settings = _tool_settings(max_tokens, 24, TIME_PROMPT)
+    settings = _tool_settings(max_tokens, max_turns, 24, TIME_PROMPT)
     return _mcp_source(
         "time",
         "PyPI mcp-server-time: convert a time between two of 12 IANA timezones",
@@ -377,7 +388,9 @@ def exact_answer(scenario: Any, trajectory: art.Trajectory) -> float:
     return float(contains_answer(trajectory.metadata.get("final_answer"), scenario.answer))
 
 
-def git_source(seed: int, max_tokens: int, root: Path, server: Any, errlog: Any) -> Source:
+def git_source(
+    seed: int, max_tokens: int, root: Path, server: Any, errlog: Any, max_turns: int = MAX_TURNS
+) -> Source:
     import art_mcp
 
     repos = build_repositories(root, 200, seed)
@@ -393,7 +406,9 @@ def git_source(seed: int, max_tokens: int, root: Path, server: Any, errlog: Any)
             )
             tasks.append(art_mcp.Scenario(task=question, answer=repo[kind]))
     rng.shuffle(tasks)
-    settings = _tool_settings(max_tokens, 48, GIT_PROMPT, tools=GIT_TOOLS, connect_timeout_s=60.0)
+    settings = _tool_settings(
+        max_tokens, max_turns, 48, GIT_PROMPT, tools=GIT_TOOLS, connect_timeout_s=60.0
+    )
     return _mcp_source(
         "git",
         "PyPI mcp-server-git over 200 generated repositories: the current branch "

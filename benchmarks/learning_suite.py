@@ -46,6 +46,7 @@ from typing import Any
 from _learning_sources import (
     CALCULATOR_SERVER,
     GIT_SERVER,
+    MAX_TURNS,
     SOURCES,
     TEST_TASKS,
     TIME_SERVER,
@@ -228,6 +229,7 @@ async def run(args: argparse.Namespace, workdir: Path, stack: AsyncExitStack) ->
                 "learning_rate",
                 "lora_rank",
                 "max_tokens",
+                "max_turns",
                 "warm_runs",
                 "warm_temperature",
                 "warm_traces",
@@ -337,7 +339,8 @@ async def run(args: argparse.Namespace, workdir: Path, stack: AsyncExitStack) ->
     result.wall_s = clock.elapsed()
     result.phases_s = {k: round(v, 1) for k, v in clock.phases.items()}
     print(
-        f"[{clock.elapsed():5.0f} s] test at step {result.best_step} (chosen by validation): "
+        f"[{clock.elapsed():5.0f} s] test at step {result.best_step} "
+        f"({'chosen by validation' if result.val else 'the latest: nothing was validated'}): "
         f"{result.end}; change {result.change}",
         flush=True,
     )
@@ -382,10 +385,10 @@ async def build_source(
         art_mcp.spawn_http_server(command[args.source], errlog=errlog)
     )
     if args.source == "calculator":
-        return calculator_source(args.seed, args.max_tokens, server, errlog)
+        return calculator_source(args.seed, args.max_tokens, server, errlog, args.max_turns)
     if args.source == "time":
-        return time_source(args.seed, args.max_tokens, server, errlog)
-    return git_source(args.seed, args.max_tokens, workdir / "repos", server, errlog)
+        return time_source(args.seed, args.max_tokens, server, errlog, args.max_turns)
+    return git_source(args.seed, args.max_tokens, workdir / "repos", server, errlog, args.max_turns)
 
 
 def table(path: Path = RESULTS) -> str:
@@ -445,6 +448,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument(
         "--max-tokens", type=int, default=None, help="per model call (default: the source's)"
+    )
+    parser.add_argument(
+        "--max-turns",
+        type=int,
+        default=MAX_TURNS,
+        help="model calls per run of an MCP source (verifiers' environment sets its own)",
     )
     parser.add_argument("--warm-runs", type=int, default=2, help="runs per task, warm start")
     parser.add_argument(
