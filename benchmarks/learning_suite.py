@@ -402,7 +402,13 @@ def table(path: Path = RESULTS) -> str:
     for raw in path.read_text().splitlines() if path.exists() else []:
         r = json.loads(raw)
         warm = r.get("warm") or {}
-        warm_text = f"{warm.get('traces', 0)} traces of {warm.get('runs', 0)} runs" if warm else "-"
+        epochs = r["settings"].get("sft_epochs")
+        warm_text = (
+            f"{warm.get('traces', 0)} traces of {warm.get('runs', 0)} runs"
+            + (f", SFT {epochs} epochs" if "step" in warm else "")
+            if warm
+            else "-"
+        )
         change = r["change"]
         rose = change["low"] > 0
         bold = "**" if rose else ""
