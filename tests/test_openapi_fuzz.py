@@ -27,8 +27,11 @@ os.environ.setdefault(
 )
 
 from remote_support import ServerProcess
+from starlette.applications import Starlette
+from starlette.routing import Route
 
 from art_core.server.openapi import openapi_document
+from art_core.ui import build_ui_app
 
 pytestmark = pytest.mark.slow
 
@@ -68,6 +71,24 @@ def test_the_document_is_served_behind_auth(server: ServerProcess) -> None:
     )
     assert served.status_code == 200 and served.json() == DOCUMENT
     assert {op.path for op in OPERATIONS} == set(DOCUMENT["paths"])
+
+
+def test_the_document_has_every_json_route_of_the_viewer_and_export(tmp_path: Path) -> None:
+    """The viewer's data routes (under ``/ui`` of ``art-core serve``) and export are fuzzed
+    too: each is in the document, with the methods it is routed for."""
+    viewer = build_ui_app(tmp_path)
+    assert isinstance(viewer, Starlette)
+    routed = {
+        ("/ui" + route.path, method.lower())
+        for route in viewer.routes
+        if isinstance(route, Route) and route.path.startswith("/api/")
+        for method in route.methods or ()
+        if method != "HEAD"
+    }
+    documented = {(path, method) for path, item in DOCUMENT["paths"].items() for method in item}
+    assert routed and routed <= documented, routed - documented
+    assert {p for p, _ in documented if p.startswith("/ui/")} == {p for p, _ in routed}
+    assert ("/api/models/{project}/{name}/export", "post") in documented
 
 
 def aimed(case: Any, model_first: bool) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from remote_support import ServerProcess
-from ui_support import GROUP_SIZE, PROMPTS, ViewerServer, train_steps
+from ui_support import GROUP_SIZE, PROMPTS, ViewerServer, start_ui, train_steps
 
 import art_core as art
 from art_core.diagnoses import diagnose
@@ -126,7 +125,7 @@ def test_step_table_is_filtered_sorted_and_paged_by_the_server(viewer: httpx.Cli
         ({"q": "x" * 201}, "q is longer than 200"),
     ):
         refused = viewer.get(url, params=params)
-        assert refused.status_code == 400 and message in refused.json()["error"], params
+        assert refused.status_code == 400 and message in refused.json()["error"]["message"], params
 
 
 def test_rollout_shows_exact_tool_calls_and_trained_tokens(
@@ -191,7 +190,7 @@ def test_compare_matches_scenarios_across_steps(viewer: httpx.Client, trained: M
             assert scenario[side]["mean_reward"] == pytest.approx(sum(rewards) / len(rewards))
             assert [r["id"] for r in scenario[side]["rollouts"]] == [t.id for t in group]
     bad = viewer.get("/api/compare", params={"a": "ui/ui-agent/train", "b": "x"})
-    assert bad.status_code == 400 and "project/model/split/step" in bad.json()["error"]
+    assert bad.status_code == 400 and "project/model/split/step" in bad.json()["error"]["message"]
 
 
 def test_pages_and_assets_are_served_offline(viewer: httpx.Client) -> None:
@@ -240,7 +239,7 @@ def test_bad_addresses_get_clear_errors(viewer: httpx.Client) -> None:
         response = viewer.get(path)
         assert response.status_code == status, path
         if response.headers.get("content-type", "").startswith("application/json"):
-            error = response.json()["error"]
+            error = response.json()["error"]["message"]
             assert message is None or message in error, (path, error)
 
 
@@ -407,28 +406,10 @@ def test_serve_has_the_viewer_under_ui_behind_its_token(
         server.stop()
 
 
-def _start_ui(args: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "art_core.cli", "ui", *args, "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k != "ART_CORE_TOKEN"},
-    )
-    assert process.stdout is not None
-    lines: list[str] = []
-    for line in process.stdout:
-        lines.append(line.strip())
-        if line.startswith("art-core ui: open "):
-            return process, lines
-    process.wait(10)
-    raise AssertionError("art-core ui did not start:\n" + "\n".join(lines))
-
-
 def test_cli_serves_the_folder_and_needs_a_token_off_loopback(
     trained: ModelFolder, art_path: Path
 ) -> None:
-    process, lines = _start_ui([str(art_path)])
+    process, lines = start_ui([str(art_path)])
     try:
         url = lines[-1].removeprefix("art-core ui: open ")
         assert "token" not in url
@@ -437,7 +418,7 @@ def test_cli_serves_the_folder_and_needs_a_token_off_loopback(
     finally:
         process.terminate()
         process.wait(30)
-    process, lines = _start_ui([str(art_path), "--host", "0.0.0.0"])
+    process, lines = start_ui([str(art_path), "--host", "0.0.0.0"])
     try:
         url = lines[-1].removeprefix("art-core ui: open ")
         assert "token generated" in " ".join(lines)

@@ -5,6 +5,9 @@ steps (with a validation pass), and the viewer served over it on loopback."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from starlette.types import ASGIApp
@@ -92,3 +95,23 @@ async def train_steps(model: art.TrainableModel, steps: int) -> None:
         await model.train(await sample(model, step), config=CONFIG)
     step = await model.get_step()
     await model.log(await sample(model, 10_000 + step), split="val")
+
+
+def start_ui(args: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
+    """``art-core ui ARGS --port 0`` as a real process, once it printed the address to open
+    (``$ART_CORE_TOKEN`` unset): the process and the lines it printed."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "art_core.cli", "ui", *args, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "ART_CORE_TOKEN"},
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    for line in process.stdout:
+        lines.append(line.strip())
+        if line.startswith("art-core ui: open "):
+            return process, lines
+    process.wait(10)
+    raise AssertionError("art-core ui did not start:\n" + "\n".join(lines))

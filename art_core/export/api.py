@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,11 +10,11 @@ from typing import Any, Literal, get_args
 
 from art_core.export.manifest import write_manifest
 from art_core.export.merged import write_merged
-from art_core.export.peft_export import write_peft
+from art_core.export.peft_export import NOT_COPIED, WEIGHT_SUFFIXES, write_peft
 from art_core.export.select import choose_checkpoint, history_at, metrics_of
 from art_core.export.source import default_art_path, open_source, resolve_source
 from art_core.export.staging import build_atomically, check_out, final_path, scratch_dir
-from art_core.model_folder import ModelFolder
+from art_core.model_folder import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, ModelFolder
 
 ExportFormat = Literal["peft", "merged", "gguf"]
 FORMATS: tuple[str, ...] = get_args(ExportFormat)
@@ -32,8 +33,87 @@ class ExportResult:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+# What an export holds besides the adapter and the base's files (manifest, tokenizer
+# re-saved, tar headers and padding), per file and in all: a generous allowance.
+_TAR_BYTES_PER_FILE = 2048
+_EXTRA_BYTES = 1 << 20
+
+
 def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
+
+
+def _relative(path: Path, folder: Path) -> str | None:
+    """``path`` relative to ``folder`` (POSIX), None when it is not inside it."""
+    return path.relative_to(folder).as_posix() if _inside(path, folder) else None
+
+
+def _check_format(format: str, gguf_type: str) -> None:
+    if format not in FORMATS:
+        raise ValueError(f"unknown export format {format!r}: use one of {', '.join(FORMATS)}")
+    if format == "gguf":
+        from art_core.export.gguf import SUPPORTED_TYPES
+
+        if gguf_type not in SUPPORTED_TYPES:
+            raise ValueError(
+                f"unknown gguf_type {gguf_type!r}: use one of {', '.join(SUPPORTED_TYPES)}"
+            )
+
+
+def _files(folder: Path) -> list[Path]:
+    """The regular files under ``folder`` an export would copy (no cache bookkeeping)."""
+    return [
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and not p.is_symlink()
+        and not any(fnmatch.fnmatch(p.name, x) for x in NOT_COPIED)
+    ]
+
+
+def estimate_export_bytes(
+    model_dir: str | Path | ModelFolder,
+    *,
+    format: ExportFormat = "peft",
+    step: int | None = None,
+    best: str | None = None,
+    higher_is_better: bool | None = None,
+    art_path: str | Path | None = None,
+    gguf_type: str = "f16",
+) -> int:
+    """The most disk an export of these arguments takes while it is built and packed as one
+    tar (``art-core serve``'s scratch), from file sizes only: nothing is loaded or written.
+
+    One copy of the export is the checkpoint's adapter files plus the base model's files
+    (a PEFT export copies them into ``base/``; a merged model or a GGUF holds the base's
+    weights, in the base's own dtype or smaller) plus an allowance for the manifest, the
+    tokenizer and the tar's headers; a PEFT export whose base has a hub id ships only the
+    base's non-weight files (tokenizer, config); an f32 GGUF counts the base twice (a 16-bit
+    base doubles). The peak is two copies: the folder and its tar exist together while
+    packing (for a GGUF, the merged model and the GGUF file).
+    Raises what ``export_checkpoint`` raises for a bad format, step or metric.
+
+    Example:
+        >>> estimate_export_bytes(".art/demo/models/agent-001", format="merged")  # doctest: +SKIP
+        30150656
+    """
+    _check_format(format, gguf_type)
+    folder, meta = open_source(model_dir)
+    choice = choose_checkpoint(folder, step=step, best=best, higher_is_better=higher_is_better)
+    source = resolve_source(
+        folder, meta, Path(art_path) if art_path is not None else default_art_path(folder)
+    )
+    checkpoint = folder.checkpoint(choice.step)
+    adapter = [checkpoint / ADAPTER_WEIGHTS_FILE, checkpoint / ADAPTER_CONFIG_FILE]
+    base = _files(source.base_path)
+    if format == "peft" and source.hub_id is not None:
+        base = [p for p in base if p.suffix not in WEIGHT_SUFFIXES]
+    base_bytes = sum(p.stat().st_size + _TAR_BYTES_PER_FILE for p in base)
+    if format == "gguf" and gguf_type == "f32":
+        base_bytes *= 2  # a 16-bit base written as f32 doubles
+    one_copy = _EXTRA_BYTES + base_bytes
+    one_copy += sum(p.stat().st_size + _TAR_BYTES_PER_FILE for p in adapter if p.is_file())
+    return 2 * one_copy
 
 
 def export_checkpoint(
@@ -47,6 +127,7 @@ def export_checkpoint(
     overwrite: bool = False,
     art_path: str | Path | None = None,
     gguf_type: str = "f16",
+    portable: bool = False,
 ) -> ExportResult:
     """Export one checkpoint of the model in ``model_dir`` to the folder ``out``.
 
@@ -58,6 +139,9 @@ def export_checkpoint(
     ``best`` (higher is better unless its name contains "loss", or as ``higher_is_better``
     says), else the latest. ``art_path`` (default: the art folder ``model_dir`` lives in)
     is where embedded base models are cached. Every export holds an ``export.json``.
+    ``portable`` (what ``art-core serve`` sends): the export names no path of this machine;
+    the manifest's paths are relative (see ``art_core.export.manifest``) and a PEFT adapter
+    names its copied base as ``base``, for the receiver to relocate.
 
     The folder is built beside ``out`` and renamed into place: a failure leaves nothing at
     ``out``; an existing ``out`` is refused unless ``overwrite``. Blocking (torch work):
@@ -73,15 +157,7 @@ def export_checkpoint(
         >>> result.step, result.path  # doctest: +SKIP
         (3, PosixPath('/home/me/exports/agent'))
     """
-    if format not in FORMATS:
-        raise ValueError(f"unknown export format {format!r}: use one of {', '.join(FORMATS)}")
-    if format == "gguf":
-        from art_core.export.gguf import SUPPORTED_TYPES
-
-        if gguf_type not in SUPPORTED_TYPES:
-            raise ValueError(
-                f"unknown gguf_type {gguf_type!r}: use one of {', '.join(SUPPORTED_TYPES)}"
-            )
+    _check_format(format, gguf_type)
     folder, meta = open_source(model_dir)
     target = final_path(out)
     if _inside(target, folder.checkpoints):
@@ -90,18 +166,27 @@ def export_checkpoint(
         raise ValueError(f"out ({target}) is or holds the model folder {folder.root}")
     choice = choose_checkpoint(folder, step=step, best=best, higher_is_better=higher_is_better)
     check_out(target, overwrite)
-    source = resolve_source(
-        folder, meta, Path(art_path) if art_path is not None else default_art_path(folder)
-    )
+    art_path = Path(art_path) if art_path is not None else default_art_path(folder)
+    source = resolve_source(folder, meta, art_path)
+    art_root = art_path.expanduser().resolve()
     checkpoint = folder.checkpoint(choice.step)
     records = history_at(folder, choice.step)
     metrics = metrics_of(records)
     base_json = source.base_json()
+    source_json: dict[str, Any] = {**source.as_json(), "checkpoint": str(checkpoint)}
+    if portable:
+        # Relative names only: the art folder, the model folder and the scratch folder of
+        # the machine that built the export are nobody else's business.
+        source_json["folder"] = _relative(folder.root, art_root)
+        source_json["checkpoint"] = _relative(checkpoint, folder.root)
+        base_json["path"] = _relative(source.base_path.resolve(), art_root)
 
     def build(staging: Path) -> None:
         extra: dict[str, Any] = {}
         if format == "peft":
-            base_json["referenced_as"] = write_peft(checkpoint, source, staging, target)
+            base_json["referenced_as"] = write_peft(
+                checkpoint, source, staging, target, portable=portable
+            )
         elif format == "merged":
             extra["dtype"] = write_merged(checkpoint, source.base_path, staging)
         else:
@@ -119,7 +204,7 @@ def export_checkpoint(
             {
                 "format": format,
                 **extra,
-                "source": {**source.as_json(), "checkpoint": str(checkpoint)},
+                "source": source_json,
                 "step": choice.step,
                 "selected_by": choice.as_json(),
                 "base_model": base_json,

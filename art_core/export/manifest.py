@@ -8,6 +8,14 @@ Written into every export folder::
      "base_model": {"name", "path", "hub_id", "referenced_as"},
      "metrics": {name: value}, "history": [the history records stored under step],
      "files": [names], "art_core_version": str, "exported_at": ISO 8601 UTC}
+
+Paths: a local export (``art-core export``, ``LocalBackend.export``) names absolute paths of
+this machine (``source.folder``, ``source.checkpoint``, ``base_model.path``, and
+``base_model.referenced_as`` when the base is copied into ``base/``). A downloaded export
+(``RemoteBackend.export``; the server builds it ``portable``) names none of the server's:
+``source.folder`` and ``base_model.path`` are relative to the server's art folder (null when
+outside it), ``source.checkpoint`` to ``source.folder`` (``checkpoints/0003``), and
+``referenced_as`` is ``base``, which the client rewrites to where the export landed.
 """
 
 from __future__ import annotations

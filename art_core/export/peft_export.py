@@ -20,12 +20,18 @@ from art_core.model_folder import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 
 BASE_FOLDER = "base"
 # Files of a cached embedded base that are bookkeeping of the cache, not of the model.
-_NOT_COPIED = (".art-complete", "*.lock")
+NOT_COPIED = (".art-complete", "*.lock")
+# The files of a model folder that hold its weights.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
-def write_peft(checkpoint: Path, source: SourceModel, staging: Path, final_out: Path) -> str:
+def write_peft(
+    checkpoint: Path, source: SourceModel, staging: Path, final_out: Path, *, portable: bool = False
+) -> str:
     """Write the adapter export of ``checkpoint`` into ``staging`` (to be renamed to
-    ``final_out``); return the ``base_model_name_or_path`` it names."""
+    ``final_out``); return the ``base_model_name_or_path`` it names. ``portable``: a copied
+    base is named ``base`` (relative to the export; ``archive.relocate`` names it by its
+    absolute path where the export lands), not by ``final_out``."""
     config = json.loads((checkpoint / ADAPTER_CONFIG_FILE).read_text(encoding="utf-8"))
     if source.hub_id is not None:
         base_ref = source.hub_id
@@ -33,9 +39,9 @@ def write_peft(checkpoint: Path, source: SourceModel, staging: Path, final_out: 
         shutil.copytree(
             source.base_path,
             staging / BASE_FOLDER,
-            ignore=shutil.ignore_patterns(*_NOT_COPIED),
+            ignore=shutil.ignore_patterns(*NOT_COPIED),
         )
-        base_ref = str(final_out / BASE_FOLDER)
+        base_ref = BASE_FOLDER if portable else str(final_out / BASE_FOLDER)
     config["base_model_name_or_path"] = base_ref
     shutil.copyfile(checkpoint / ADAPTER_WEIGHTS_FILE, staging / ADAPTER_WEIGHTS_FILE)
     atomic_write_text(staging / ADAPTER_CONFIG_FILE, json.dumps(config, indent=2) + "\n")

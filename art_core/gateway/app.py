@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -31,7 +32,13 @@ from art_core.gateway.apis import completions as completions_api
 from art_core.gateway.apis import messages as messages_api
 from art_core.gateway.apis import responses as responses_api
 from art_core.gateway.body import DEFAULT_MAX_BODY_BYTES, read_body
-from art_core.gateway.errors import APIError, engine_error, internal_error, scrub_paths
+from art_core.gateway.errors import (
+    APIError,
+    engine_error,
+    http_exception_response,
+    internal_error,
+    scrub_paths,
+)
 from art_core.gateway.prompts import PromptBuilder
 from art_core.gateway.recording import sample_and_record
 from art_core.gateway.requests import DEFAULT_MAX_METADATA_BYTES, prepare_call, read_request
@@ -136,10 +143,15 @@ class Gateway:
         # Routes answer their own errors (``answered``); these handlers are the last resort
         # for errors raised outside them. APIError has its own: one registered only for
         # Exception re-raises after answering, which makes uvicorn log an error and close the
-        # keep-alive connection.
+        # keep-alive connection. Starlette's own 404 / 405 (no route, a method not routed)
+        # answer in the same JSON shape (Anthropic's under a Messages route).
         self.app = Starlette(
             routes=self.routes,
-            exception_handlers={APIError: self.on_api_error, Exception: self.on_internal_error},
+            exception_handlers={
+                HTTPException: http_exception_response,
+                APIError: self.on_api_error,
+                Exception: self.on_internal_error,
+            },
         )
 
     def add(self, served: ServedModel) -> None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+from http import HTTPStatus
 from typing import Any
 
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Scope, Send
 
@@ -44,8 +47,52 @@ ANTHROPIC_ERROR_TYPES = {
     504: "timeout_error",
     529: "overloaded_error",
 }
-# The routes that answer errors in Anthropic's shape, by the end of their path.
+# The routes that answer errors in Anthropic's shape (each also within a rollout).
 ANTHROPIC_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
+# Any path under them (``/v1/messages...``, ``/rollouts/{id}/v1/messages...``): its errors,
+# a 404 or 405 of route matching included, are in Anthropic's shape.
+_ANTHROPIC_PREFIX = re.compile(r"^(?:/rollouts/[^/]+)?/v1/messages(?:/|$)")
+
+
+def is_anthropic_path(path: str) -> bool:
+    """Whether errors on ``path`` are answered in Anthropic's shape (a Messages route or a
+    path under one).
+
+    Example:
+        >>> is_anthropic_path("/rollouts/r1/v1/messages/nope"), is_anthropic_path("/v1/models")
+        (True, False)
+        >>> is_anthropic_path("/ui/v1/messages")  # the viewer's, not a Messages route
+        False
+    """
+    return _ANTHROPIC_PREFIX.match(path) is not None
+
+
+def error_type(status: int) -> str:
+    """The OpenAI-shape ``type`` of an error answered with ``status``.
+
+    Example:
+        >>> error_type(404), error_type(405)
+        ('not_found_error', 'invalid_request_error')
+    """
+    if status >= 500:
+        return "server_error"
+    return {
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        429: "rate_limit_error",
+    }.get(status, "invalid_request_error")
+
+
+def shown_path(path: str, limit: int = 200) -> str:
+    r"""``path`` as an error message names it: repr-escaped (a control character shows as
+    ``\r``, never raw), at most ``limit`` characters of it.
+
+    Example:
+        >>> print(shown_path("/a\r\nb"))
+        '/a\r\nb'
+    """
+    return repr(path[:limit]) + ("..." if len(path) > limit else "")
 
 
 def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
@@ -136,7 +183,7 @@ async def send_error(
     Example:
         >>> await send_error(send, scope, 429, "busy", type="rate_limit_error")  # doctest: +SKIP
     """
-    if str(scope.get("path", "")).endswith(ANTHROPIC_ROUTES):
+    if is_anthropic_path(str(scope.get("path", ""))):
         body = anthropic_error_body(status, message)
     else:
         body = error_body(message, type=type, code=code)
@@ -152,6 +199,50 @@ async def send_json(
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": payload})
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+async def http_exception_response(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (``HTTPException``: no route for the path is a 404, a route
+    without the method a 405, which keeps its ``Allow`` header) in the one error shape:
+    OpenAI's, Anthropic's under a Messages route. Register it for ``HTTPException`` in each
+    Starlette app.
+
+    Example:
+        >>> Starlette(routes=routes, exception_handlers={HTTPException: http_exception_response})
+        ... # doctest: +SKIP
+    """
+    if not isinstance(exc, HTTPException):  # registered for HTTPException only
+        raise exc
+    status = exc.status_code
+    path = str(request.scope.get("path", ""))
+    method = str(request.scope.get("method", ""))
+    headers = dict(exc.headers or {})
+    code: str | None = None
+    if exc.detail != _phrase(status):  # raised with a message of its own: that message
+        message = scrub_paths(str(exc.detail))[:500]
+    elif status == 404:
+        message, code = f"no such route: {method} {shown_path(path)}", "route_not_found"
+    elif status == 405:
+        allowed = headers.get("Allow") or headers.get("allow")
+        message = f"method {method} is not allowed on {shown_path(path)}"
+        message += f"; allowed: {allowed}" if allowed else ""
+        code = "method_not_allowed"
+    else:
+        message = str(exc.detail)
+    if is_anthropic_path(path):
+        body = anthropic_error_body(status, message)
+    else:
+        body = error_body(message, type=error_type(status), code=code)
+    if status in (204, 304):  # a body is not allowed: as Starlette answers them
+        return Response(status_code=status, headers=headers)
+    return json_response(body, status, headers=headers)
 
 
 class APIError(Exception):

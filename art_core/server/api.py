@@ -14,11 +14,10 @@ import asyncio
 import json
 import logging
 import math
-import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import anyio
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -30,6 +29,7 @@ from art_core.gateway.errors import APIError, error_body, json_response
 from art_core.gateway.requests import INLINE_BODY_BYTES
 from art_core.names import check_name
 from art_core.server.errors import validation_body
+from art_core.server.export_space import ExportSpaceFull
 from art_core.server.jobs import Job
 from art_core.server.schemas import (
     DeleteCheckpointsRequest,
@@ -43,6 +43,7 @@ from art_core.server.schemas import (
 )
 from art_core.server.service import (
     Conflict,
+    ExportDownload,
     ExportRefused,
     ModelUnavailable,
     NotFound,
@@ -91,6 +92,13 @@ def _errors(handler: Handler) -> Handler:
             return json_response(error_body(str(exc), type="invalid_request_error"), 400)
         except Conflict as exc:
             return json_response(error_body(str(exc), type="conflict_error"), 409)
+        except ExportSpaceFull as exc:
+            response = json_response(
+                error_body(str(exc), type="server_error", code="export_space_full"), 503
+            )
+            if exc.retry_after_s is not None:
+                response.headers["Retry-After"] = str(exc.retry_after_s)
+            return response
         except ModelUnavailable as exc:
             response = json_response(
                 error_body(str(exc), type="server_error", code="model_unavailable"), 503
@@ -227,24 +235,17 @@ class ServiceAPI:
 
     async def export(self, request: Request) -> Response:
         """Build the export on this server and send it as one tar (``application/x-tar``,
-        with its length); the scratch copy is removed once sent (or the client went away)."""
+        with its length); the scratch copy is removed once sent, once the client went away,
+        or once a piece of it waited ``export_send_timeout_s`` for the client (cut)."""
         _model_path(request)
         body = ExportRequest.model_validate(await _json_body(request))
         model = await self._model(request)
-        archive, scratch = await self.service.export(model, body)
-        size = archive.stat().st_size
-
-        async def chunks() -> AsyncIterator[bytes]:
-            with archive.open("rb") as file:
-                while chunk := await asyncio.to_thread(file.read, EXPORT_CHUNK_BYTES):
-                    yield chunk
-
-        return _ScratchStreamingResponse(
-            scratch,
-            chunks(),
-            media_type="application/x-tar",
-            headers={"content-length": str(size)},
-        )
+        download = await self.service.export(model, body)
+        try:
+            return _ExportResponse(download, self.service.settings.export_send_timeout_s)
+        except BaseException:
+            await download.remove()
+            raise
 
     async def calls(self, request: Request) -> Response:
         _model_path(request)
@@ -327,17 +328,52 @@ class ServiceAPI:
         )
 
 
-class _ScratchStreamingResponse(StreamingResponse):
-    """A streamed response whose scratch folder is removed when the response ends, however it
-    ends: sent, failed, or the client gone before the body started (a client refusing the
-    length hangs up before the first chunk, when a generator's own ``finally`` never runs)."""
+class _SendStalled(Exception):
+    """A piece of a response waited too long for the client (not an ``OSError``: Starlette
+    takes those for a client that went away)."""
 
-    def __init__(self, scratch: Path, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.scratch = scratch
+
+class _ExportResponse(StreamingResponse):
+    """An export's tar, streamed in ``EXPORT_CHUNK_BYTES`` pieces, each of which the client
+    must take within ``send_timeout_s``: a stalled reader is cut (the connection is closed)
+    instead of holding the scratch copy for as long as it likes. However the response ends
+    (sent, failed, cut, or the client gone before the body started, when a generator's own
+    ``finally`` never runs), the file is closed and the scratch folder removed at once."""
+
+    def __init__(self, download: ExportDownload, send_timeout_s: float) -> None:
+        self.download = download
+        self.send_timeout_s = send_timeout_s
+        self.chunks = self._chunks()
+        super().__init__(
+            self.chunks,
+            media_type="application/x-tar",
+            headers={"content-length": str(download.size)},
+        )
+
+    async def _chunks(self) -> AsyncGenerator[bytes, None]:
+        with self.download.archive.open("rb") as file:
+            while chunk := await asyncio.to_thread(file.read, EXPORT_CHUNK_BYTES):
+                yield chunk
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def send_in_time(message: Any) -> None:
+            try:
+                with anyio.fail_after(self.send_timeout_s):
+                    await send(message)
+            except TimeoutError:
+                raise _SendStalled from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_in_time)
+        except _SendStalled:
+            # Returning with the response unfinished makes the server close the connection.
+            client = scope.get("client") or ("?", 0)
+            logger.warning(
+                "export download to %s:%s cut: the client took no data for %.0f s",
+                client[0],
+                client[1],
+                self.send_timeout_s,
+            )
         finally:
-            await asyncio.to_thread(shutil.rmtree, self.scratch, True)
+            await self.chunks.aclose()  # closes the file: its disk is freed with the folder
+            await self.download.remove()

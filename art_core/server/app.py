@@ -13,13 +13,20 @@ import asyncio
 import logging
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from art_core.gateway.body import BodyLimit
-from art_core.gateway.errors import error_body, json_response
+from art_core.gateway.errors import (
+    error_body,
+    http_exception_response,
+    json_response,
+    send_error,
+    shown_path,
+)
 from art_core.server.api import ServiceAPI
 from art_core.server.auth import BearerAuth
 from art_core.server.limits import Backpressure
@@ -39,7 +46,19 @@ class _Dispatch:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] == "http" and path == "/openapi.json" and scope["method"] == "GET":
+        if scope["type"] == "http" and path == "/openapi.json":
+            if scope["method"] not in ("GET", "HEAD"):
+                method = scope["method"]
+                await send_error(
+                    send,
+                    scope,
+                    405,
+                    f"method {method} is not allowed on {shown_path(path)}; allowed: GET, HEAD",
+                    type="invalid_request_error",
+                    code="method_not_allowed",
+                    headers={"Allow": "GET, HEAD"},
+                )
+                return
             # Built once, off the loop (pydantic's JSON Schema generation takes ~50 ms).
             document = await asyncio.to_thread(openapi_document)
             await json_response(document)(scope, receive, send)
@@ -85,8 +104,10 @@ def build_app(service: Service) -> ASGIApp:
         >>> backend.server.app = build_app(Service(backend, settings))  # doctest: +SKIP
     """
     settings = service.settings
+    # Starlette's own 404 / 405 (no route, a method not routed) answer in the one JSON shape.
     api = Starlette(
-        routes=ServiceAPI(service).routes, exception_handlers={Exception: _internal_error}
+        routes=ServiceAPI(service).routes,
+        exception_handlers={HTTPException: http_exception_response, Exception: _internal_error},
     )
     gateway = service.backend.gateway
     gateway.max_body_bytes = settings.max_body_bytes

@@ -122,6 +122,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         replica_devices=args.replica_device or None,
         ray_address=args.ray,
         drain_timeout_s=args.drain_timeout,
+        export_send_timeout_s=args.export_send_timeout,
+        max_export_scratch_bytes=max(1, int(args.max_export_scratch_mb * 1024 * 1024)),
         max_models=args.max_models,
         max_rollout_memory_mb=args.max_rollout_memory_mb,
         connection_limits=ConnectionLimits(
@@ -158,6 +160,13 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def _positive_finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
 
 
 def _non_negative_float(text: str) -> float:
@@ -221,6 +230,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=120.0,
         help="on SIGTERM/Ctrl-C, seconds to let training steps in progress finish before "
         "cancelling them (a cancelled step writes nothing; the previous checkpoint stays)",
+    )
+    parser.add_argument(
+        "--export-send-timeout",
+        type=_positive_finite,
+        default=ServeSettings.export_send_timeout_s,
+        help="seconds an export download may wait for the client to take its next MiB; "
+        "beyond, the download is cut and its scratch copy removed",
+    )
+    parser.add_argument(
+        "--max-export-scratch-mb",
+        type=_positive_finite,
+        default=ServeSettings.max_export_scratch_bytes / (1024 * 1024),
+        help="scratch space exports in flight may hold together (default 64 GiB); an export "
+        "that would pass it gets 503 + Retry-After",
     )
     connections = ConnectionLimits()
     parser.add_argument(

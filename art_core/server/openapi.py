@@ -1,4 +1,5 @@
-"""The OpenAPI 3.1 document of ``art-core serve``: every route of the gateway and of ``/api``.
+"""The OpenAPI 3.1 document of ``art-core serve``: every route of the gateway, of ``/api``
+and the viewer's JSON routes under ``/ui/api``.
 
 Request bodies are the pydantic models that already validate them (``ChatCompletionRequest``,
 ``RegisterRequest``, ``TrainRequest``, ...), turned into JSON Schema by pydantic, so the
@@ -34,11 +35,21 @@ from art_core.server.schemas import (
     TrainRequest,
     TrainSFTRequest,
 )
+from art_core.ui.table import MAX_LIMIT, MAX_QUERY_CHARS, SORTABLE
 
 # Path parameters, as the routes check them.
 NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"}
 ROLLOUT_ID = {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"}
 JOB_ID = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,80}$"}
+# The viewer's (``art_core.ui``): a folder's names, splits, steps and rollout ids.
+UI_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_@+=-][A-Za-z0-9._@+=-]{0,199}$"}
+UI_PATH = {
+    "project": UI_NAME,
+    "name": UI_NAME,
+    "split": {"type": "string", "pattern": "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$"},
+    "step": {"type": "string", "pattern": "^[0-9]{1,9}$"},
+    "rollout": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,200}$"},
+}
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,12 @@ class Operation:
     media_type: str | None = None
     # The shape of its error bodies: OpenAI's, or Anthropic's (the Messages routes).
     errors: str = "openai"
+    # Path parameters' schemas where they differ from the service's (the viewer's routes).
+    path_schemas: tuple[tuple[str, dict[str, Any]], ...] = ()
+    # The description of a 204 it may answer (None: it never does).
+    no_content: str | None = None
+    # Whether it may answer 503 (busy, a model that cannot load): the viewer never does.
+    busy: bool = True
 
 
 def _operations() -> list[Operation]:
@@ -129,16 +146,65 @@ def _operations() -> list[Operation]:
             "get", "/api/jobs/{job_id}/events", "A job's progress events (NDJSON)",
             query=after, streams=True,
         ),
+        *_viewer_operations(),
     ]  # fmt: skip
 
 
-def _path_parameters(path: str) -> list[dict[str, Any]]:
+def _viewer_operations() -> list[Operation]:
+    """The viewer's JSON (and CSV) routes under ``/ui/api`` (read-only, GET; HEAD too)."""
+    model, paths = "/ui/api/runs/{project}/{name}", tuple(UI_PATH.items())
+    step = model + "/steps/{split}/{step}"
+    text = {"type": "string"}
+    curve = (("id", text), ("metric", text))
+    table = (
+        ("q", {"type": "string", "maxLength": MAX_QUERY_CHARS}),
+        ("group", {"type": "integer", "minimum": 0, "maximum": 10**9}),
+        ("sort", {"type": "string", "enum": sorted(SORTABLE)}),
+        ("desc", {"type": "string", "enum": ["0", "1", "false", "true"]}),
+        ("offset", {"type": "integer", "minimum": 0, "maximum": 10**9}),
+        ("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}),
+    )
+    side = {"type": "string", "description": "project/model/split/step"}
+    return [
+        Operation("get", "/ui/api/runs", "Viewer: the runs of the art folder", busy=False),
+        Operation(
+            "get", model, "Viewer: a run (curves, steps, diagnoses, evaluations)",
+            query=(("known", {"type": "string", "description": "204 if the history is this size"}),),
+            path_schemas=paths, no_content="The history has not grown", busy=False,
+        ),
+        Operation(
+            "get", model + "/curve.csv", "Viewer: one curve as CSV", query=curve,
+            path_schemas=paths, media_type="text/csv", busy=False,
+        ),
+        Operation(
+            "get", model + "/curve.json", "Viewer: one curve", query=curve,
+            path_schemas=paths, busy=False,
+        ),
+        Operation(
+            "get", step, "Viewer: a step's rollouts, filtered, sorted and paged", query=table,
+            path_schemas=paths, busy=False,
+        ),
+        Operation(
+            "get", step + "/rollouts/{rollout}", "Viewer: one rollout and its training signal",
+            path_schemas=paths, busy=False,
+        ),
+        Operation(
+            "get", "/ui/api/compare", "Viewer: two steps' groups compared by scenario",
+            query=(("a", side), ("b", side)), busy=False,
+        ),
+    ]  # fmt: skip
+
+
+def _path_parameters(
+    path: str, overrides: tuple[tuple[str, dict[str, Any]], ...] = ()
+) -> list[dict[str, Any]]:
     schemas = {
         "project": NAME,
         "name": NAME,
         "rollout_id": ROLLOUT_ID,
         "job_id": JOB_ID,
         "model_id": {"type": "string", "minLength": 1, "maxLength": 256},
+        **dict(overrides),
     }
     return [
         {"name": name, "in": "path", "required": True, "schema": schema}
@@ -193,7 +259,7 @@ def openapi_document() -> dict[str, Any]:
             "operationId": f"{op.method}_{op.path.strip('/').replace('/', '_')}".replace(
                 "{", ""
             ).replace("}", ""),
-            "parameters": _path_parameters(op.path)
+            "parameters": _path_parameters(op.path, op.path_schemas)
             + [
                 {"name": name, "in": "query", "required": False, "schema": schema}
                 for name, schema in op.query
@@ -211,12 +277,15 @@ def openapi_document() -> dict[str, Any]:
                     "description": "The request's own error, named",
                     "content": {"application/json": {"schema": error}},
                 },
-                "503": {
-                    "description": "Busy or a model that cannot load now (see Retry-After)",
-                    "content": {"application/json": {"schema": error}},
-                },
             },
         }
+        if op.busy:
+            entry["responses"]["503"] = {
+                "description": "Busy or a model that cannot load now (see Retry-After)",
+                "content": {"application/json": {"schema": error}},
+            }
+        if op.no_content is not None:
+            entry["responses"]["204"] = {"description": op.no_content}
         if op.body is not None:
             entry["requestBody"] = {
                 "required": True,

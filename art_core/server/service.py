@@ -8,6 +8,7 @@ beyond the per-model ones that serialize training.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import shutil
@@ -15,6 +16,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from art_core.gateway.errors import scrub_paths
 from art_core.model import TrainableModel
 from art_core.model_folder import ModelFolder
 from art_core.names import check_name
+from art_core.server.export_space import ExportSpace, Reservation
 from art_core.server.jobs import Job, JobStore
 from art_core.server.registry import ModelRecord, ModelRegistry
 from art_core.server.schemas import (
@@ -56,6 +59,21 @@ class Conflict(ValueError):
 
 class ExportRefused(ValueError):
     """An export the model's folder cannot give (no such step, metric, format; HTTP 400)."""
+
+
+@dataclass
+class ExportDownload:
+    """An export packed as one tar in its scratch folder, ready to send; ``remove`` (once
+    sent, failed or cut) deletes the folder and frees its share of the export space."""
+
+    archive: Path
+    scratch: Path
+    size: int
+    reservation: Reservation
+
+    async def remove(self) -> None:
+        await asyncio.to_thread(shutil.rmtree, self.scratch, True)
+        self.reservation.release()
 
 
 class ModelUnavailable(RuntimeError):
@@ -105,6 +123,8 @@ class Service:
         self._model_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # Exports load a base model and write a copy of it: one at a time per server.
         self._export_slot = asyncio.Semaphore(1)
+        # The scratch bytes of exports in flight (queued, building, being sent).
+        self.export_space = ExportSpace(settings.max_export_scratch_bytes)
         self.reconcile_jobs()
 
     # ------------------------------------------------------------------------------ models
@@ -354,37 +374,55 @@ class Service:
                 )
             self.jobs.save(job)
 
-    async def export(self, model: TrainableModel, request: ExportRequest) -> tuple[Path, Path]:
-        """Build the export ``request`` asks for and pack it as one tar; returns ``(the
-        archive, the scratch folder holding it)``: the caller streams the archive, then
-        removes the folder. One export at a time (each may load a base model into memory);
-        the scratch folder lives under the art folder's ``.exports/``, removed on failure.
-        A bad request (format, step, metric) raises ``ExportRefused`` before work starts."""
+    async def export(self, model: TrainableModel, request: ExportRequest) -> ExportDownload:
+        """Build the export ``request`` asks for and pack it as one tar; the caller streams
+        ``download.archive``, then calls ``download.remove()``. One export builds at a time
+        (each may load a base model into memory); the scratch folder lives under the art
+        folder's ``.exports/``, removed on failure. The export is ``portable``: it names no
+        path of this server. Before anything is written: a bad request (format, step,
+        metric) raises ``ExportRefused``, and an export whose estimated scratch would pass
+        ``max_export_scratch_bytes`` (with the exports in flight) raises ``ExportSpaceFull``.
+        """
+        from art_core.export.api import estimate_export_bytes, export_checkpoint
         from art_core.export.archive import pack
 
-        async with self._export_slot:
-            scratch = self.path / ".exports" / new_id("export")
-            scratch.mkdir(parents=True)
-            try:
-                result = await self.backend.export(
-                    model,
-                    scratch / "export",
-                    format=request.format,
-                    step=request.step,
-                    best=request.best,
-                    higher_is_better=request.higher_is_better,
-                    gguf_type=request.gguf_type,
-                )
-                archive = scratch / "export.tar"
-                await asyncio.to_thread(pack, result.path, archive)
-            except (ValueError, FileNotFoundError) as exc:
+        folder = self.backend.model_folder(model)
+        options: dict[str, Any] = {
+            "format": request.format,
+            "step": request.step,
+            "best": request.best,
+            "higher_is_better": request.higher_is_better,
+            "art_path": self.backend.path,
+            "gguf_type": request.gguf_type,
+        }
+        try:
+            estimate = await asyncio.to_thread(estimate_export_bytes, folder, **options)
+        except (ValueError, FileNotFoundError) as exc:
+            raise ExportRefused(scrub_paths(str(exc))) from exc
+        reservation = self.export_space.reserve(estimate)
+        scratch: Path | None = None
+        try:
+            async with self._export_slot:
+                scratch = self.path / ".exports" / new_id("export")
+                scratch.mkdir(parents=True)
+                try:
+                    result = await asyncio.to_thread(
+                        functools.partial(
+                            export_checkpoint, folder, scratch / "export", portable=True, **options
+                        )
+                    )
+                    archive = scratch / "export.tar"
+                    size = await asyncio.to_thread(pack, result.path, archive)
+                except (ValueError, FileNotFoundError) as exc:
+                    raise ExportRefused(scrub_paths(str(exc))) from exc
+                await asyncio.to_thread(shutil.rmtree, scratch / "export", True)
+                reservation.resize(size)
+                return ExportDownload(archive, scratch, size, reservation)
+        except BaseException:
+            if scratch is not None:
                 await asyncio.to_thread(shutil.rmtree, scratch, True)
-                raise ExportRefused(scrub_paths(str(exc))) from exc
-            except BaseException:
-                await asyncio.to_thread(shutil.rmtree, scratch, True)
-                raise
-            await asyncio.to_thread(shutil.rmtree, scratch / "export", True)
-            return archive, scratch
+            reservation.release()
+            raise
 
     async def delete_checkpoints(self, model: TrainableModel, metric: str) -> list[int]:
         async with self.lock(model):

@@ -86,6 +86,20 @@ class ServeSettings:
     max_rollout_memory_mb: float = 256.0
     # A graceful stop lets training steps in progress finish this long, then cancels them.
     drain_timeout_s: float = 120.0
+    # An export download whose next piece (1 MiB) the client has not taken within this many
+    # seconds is cut and its scratch copy removed at once. A per-piece deadline, not a bound
+    # on the whole download: exports range from megabytes to tens of gigabytes, so a total
+    # bound would either cut big downloads on a good link or let a stalled one hold its
+    # copy for hours; per piece, a stalled (or trickling) reader is cut within this time
+    # whatever the size. 60 s tolerates a client down to ~17 KB/s.
+    export_send_timeout_s: float = 60.0
+    # Bytes of scratch space (the art folder's .exports/) that exports in flight (queued,
+    # building or downloading) may hold together; an export that would pass it gets 503 +
+    # Retry-After and writes nothing. Each is counted at its estimate while it is built
+    # (``estimate_export_bytes``: twice the base's and adapter's files, the export and its
+    # tar together), then at its tar's exact size while it is sent. 64 GiB: a merged 8B
+    # model in bf16 (~16 GB, ~32 GB while packed) plus a few adapter downloads.
+    max_export_scratch_bytes: int = 64 * 1024**3
     # Bounds on what one training request may ask (epochs, optimizer steps, LoRA rank).
     train_limits: TrainLimits = field(default_factory=TrainLimits)
     # Open connections, idle ones before a first request, header and body read timeouts.

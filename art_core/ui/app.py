@@ -3,8 +3,9 @@
 Pages are one HTML shell with the viewer's script and style (served from the package, never a
 CDN: it works offline); the script draws each page from the JSON routes under ``/api``. Only
 GET and HEAD are routed: nothing a request carries can change a file. Blocking reads run off
-the event loop; a missing or damaged record answers a JSON error naming it (404 or 422), and
-the page shows that message.
+the event loop; a missing or damaged record answers a JSON error naming it (404 or 422, in
+the server's one error shape, ``{"error": {"message": ...}}``), and the page shows that
+message.
 
 Example:
     >>> app = build_ui_app(".art")                                         # doctest: +SKIP
@@ -24,12 +25,14 @@ from typing import Any, TypeVar
 
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
+from art_core.gateway.errors import error_body, error_type, http_exception_response, shown_path
 from art_core.ui.curves import curve_csv, metric_curve, recorded_metrics, run_curves
 from art_core.ui.findings import run_diagnoses, run_evals
 from art_core.ui.folder import ArtFolder, ModelRef, NotFound, read_history, run_summary, step_files
@@ -66,8 +69,18 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(body, status, media_type="application/json", headers=_SECURITY_HEADERS)
 
 
-def _error(message: str, status: int) -> Response:
-    return _json({"error": message}, status)
+def _error(message: str, status: int, code: str | None = None) -> Response:
+    """An error in the server's one shape (OpenAI's ``{"error": {"message", ...}}``)."""
+    return _json(error_body(message, type=error_type(status), code=code), status)
+
+
+async def _refused(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 / 405 (a static file that is not there, a method not routed) in
+    the same shape, with the viewer's headers."""
+    response = await http_exception_response(request, exc)
+    for name, value in _SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
 
 
 def _param(value: str, pattern: re.Pattern[str], what: str) -> str:
@@ -103,7 +116,11 @@ class Viewer:
     # ------------------------------------------------------------------ pages
     async def page(self, request: Request) -> Response:
         if request.url.path.removeprefix(request.scope.get("root_path", "")).startswith("/api/"):
-            return _error(f"no such route: {request.url.path}", 404)
+            return _error(
+                f"no such route: {request.method} {shown_path(request.url.path)}",
+                404,
+                "route_not_found",
+            )
         root = request.scope.get("root_path", "").rstrip("/")
         shell = self.shell.replace("{{root}}", html.escape(root, quote=True))
         return Response(shell, media_type="text/html", headers=_SECURITY_HEADERS)
@@ -339,4 +356,4 @@ def build_ui_app(path: str | Path) -> ASGIApp:
         Route("/", viewer.page, methods=page_methods),
         Route("/{page:path}", viewer.page, methods=page_methods),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={HTTPException: _refused})

@@ -14,8 +14,8 @@ namespace is not empty); ``tool_choice`` (``auto`` / ``none`` / ``required``, a 
 function or custom tool, ``allowed_tools`` by its mode); ``parallel_tool_calls``,
 ``max_output_tokens`` (lowered to fit the context, recorded), ``temperature``, ``top_p``,
 ``text.format`` (``text`` / ``json_object`` / ``json_schema``), ``metadata``, ``stream``,
-``previous_response_id`` (continues a response this gateway answered and kept: ``store``
-false keeps nothing) and ``store``.
+``previous_response_id`` (continues a response this gateway answered and kept for the same
+rollout and caller token, ``ResponseStore``: ``store`` false keeps nothing) and ``store``.
 
 Accepted and left out of the prompt, named in each call's ``request_params.ignored_fields``
 (and logged once): hosted tools the gateway cannot run (``web_search``, ``file_search``,
@@ -29,12 +29,13 @@ the input.
 
 Refused (400): images and files in the input (text models), ``item_reference`` items,
 ``conversation``, ``prompt`` templates, ``background: true``, an unknown
-``previous_response_id``.
+``previous_response_id`` (one kept for another rollout or token is answered the same way).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import time
 from collections import OrderedDict
@@ -408,37 +409,79 @@ class StoredResponse:
     size: int
 
 
+# Who a stored response belongs to: the rollout of the route that stored it (None on the
+# plain ``/v1`` route) and a digest of the caller's token (None when it sent none).
+Scope = tuple[str | None, str | None]
+
+
+def response_scope(request: Request, rollout: str | None) -> Scope:
+    """The scope of a request's stored responses: its rollout (None on plain ``/v1``) and the
+    SHA-256 of the token it sent (``Authorization: Bearer`` first, else ``x-api-key``, as
+    ``art_core.server.auth.bearer_token`` reads them), so the store keeps no token itself.
+
+    Example:
+        >>> response_scope(request, "r1")  # doctest: +SKIP
+        ('r1', '9f86d0...')
+    """
+    token: str | None = None
+    api_key: str | None = None
+    for name, value in request.scope.get("headers", []):
+        if name == b"authorization" and token is None:
+            scheme, _, given = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and given.strip():
+                token = given.strip()
+        elif name == b"x-api-key" and value.strip():
+            api_key = value.decode("latin-1").strip()
+    token = token if token is not None else api_key
+    digest = None if token is None else hashlib.sha256(token.encode("utf-8")).hexdigest()
+    return rollout, digest
+
+
 class ResponseStore:
     """Responses kept for ``previous_response_id``, newest last, bounded by count and bytes
-    (the oldest are forgotten first; continuing one of those is a 400 naming it).
+    (the oldest are forgotten first, whatever their scope; continuing one of those is a 400
+    naming it).
+
+    Each response is kept under its ``Scope`` (rollout and caller token) and found only from
+    the same scope: the store is gateway-wide, and a rollout is the unit of isolation (its
+    calls, its sequences, its reward), so one rollout (or caller) continuing another's
+    response would record the other's conversation as its own. A lookup from another scope
+    is a plain miss, answered exactly as an unknown id (no oracle of what others kept).
 
     Example:
         >>> store = ResponseStore(max_responses=2)
-        >>> store.put("resp_1", [{"role": "user", "content": "hi"}])
-        >>> store.get("resp_1")
+        >>> store.put(("r1", None), "resp_1", [{"role": "user", "content": "hi"}])
+        >>> store.get(("r1", None), "resp_1")
         [{'role': 'user', 'content': 'hi'}]
+        >>> store.get(("r2", None), "resp_1") is None
+        True
     """
 
     def __init__(self, max_responses: int = 4096, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.max_responses = max_responses
         self.max_bytes = max_bytes
-        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._items: OrderedDict[tuple[Scope, str], StoredResponse] = OrderedDict()
         self._bytes = 0
 
-    def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
+    def put(self, scope: Scope, response_id: str, messages: list[dict[str, Any]]) -> None:
         size = len(orjson.dumps(messages))
         if size > self.max_bytes:
             return
-        self._items[response_id] = StoredResponse(messages, size)
+        key = (scope, response_id)
+        replaced = self._items.pop(key, None)
+        if replaced is not None:
+            self._bytes -= replaced.size
+        self._items[key] = StoredResponse(messages, size)
         self._bytes += size
         while len(self._items) > self.max_responses or self._bytes > self.max_bytes:
             self._bytes -= self._items.popitem(last=False)[1].size
 
-    def get(self, response_id: str) -> list[dict[str, Any]] | None:
-        stored = self._items.get(response_id)
+    def get(self, scope: Scope, response_id: str) -> list[dict[str, Any]] | None:
+        key = (scope, response_id)
+        stored = self._items.get(key)
         if stored is None:
             return None
-        self._items.move_to_end(response_id)
+        self._items.move_to_end(key)
         return stored.messages
 
 
@@ -538,6 +581,7 @@ class Answer:
     call: PreparedCall
     payload: dict[str, Any]
     translated: Translated
+    scope: Scope  # where the response is kept (``ResponseStore``)
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
     message_id: str = field(default_factory=lambda: new_id("msg"))
@@ -659,7 +703,7 @@ def _remember(gateway: Gateway, answer: Answer, recorded: LLMCall) -> None:
     if answer.payload.get("store") is False:
         return
     conversation = answer.translated.context["conversation"]
-    gateway.responses.put(answer.id, [*conversation, recorded.response_message])
+    gateway.responses.put(answer.scope, answer.id, [*conversation, recorded.response_message])
 
 
 async def create(gateway: Gateway, request: Request) -> Response:
@@ -671,6 +715,7 @@ async def create(gateway: Gateway, request: Request) -> Response:
     from art_core.gateway.app import rollout_id
 
     rollout = rollout_id(request)
+    scope = response_scope(request, rollout)
     payloads: list[dict[str, Any]] = []
 
     def read(payload: dict[str, Any]) -> Translated:
@@ -680,11 +725,14 @@ async def create(gateway: Gateway, request: Request) -> Response:
         if previous_id is not None:
             if not isinstance(previous_id, str):
                 raise _bad("previous_response_id must be a string", "previous_response_id")
-            previous = gateway.responses.get(previous_id)
+            previous = gateway.responses.get(scope, previous_id)
             if previous is None:
+                # One message for every miss: whether another rollout or token kept this id
+                # is not the caller's to learn.
                 raise _bad(
                     f"previous_response_id {previous_id[:80]!r} is not a response this "
-                    "gateway kept (unknown, answered with store: false, or forgotten)",
+                    "gateway kept for this rollout and token (unknown, kept for another, "
+                    "answered with store: false, or forgotten)",
                     "previous_response_id",
                 )
         return translate(payload, previous)
@@ -695,7 +743,7 @@ async def create(gateway: Gateway, request: Request) -> Response:
         raise _bad("stream must be a boolean", "stream")
     log_ignored(gateway, API, translated.recorded)
     call = await prepare_translated(gateway, request, chat, translated, api=API, rollout_id=rollout)
-    answer = Answer(call, payload, translated)
+    answer = Answer(call, payload, translated, scope)
     if payload.get("stream"):
         return StreamingResponse(
             stream_events(gateway, answer),

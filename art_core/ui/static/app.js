@@ -35,7 +35,11 @@ async function api(path) {
   if (response.status === 204) { return null; }
   let body;
   try { body = await response.json(); } catch (e) { body = {error: `${response.status} ${response.statusText}`}; }
-  if (!response.ok) { throw new Error(body.error || `${response.status} ${response.statusText}`); }
+  if (!response.ok) {
+    const error = body && body.error;  // {"error": {"message": ...}}, the server's one shape
+    const message = error && typeof error === "object" ? error.message : error;
+    throw new Error(typeof message === "string" && message ? message : `${response.status} ${response.statusText}`);
+  }
   return body;
 }
 
