@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import test_training_learning as learning
 from test_sft_backend import digits_traces
-from test_training_learning import CONFIG, GROUP_SIZE, MAX_TOKENS, PROMPTS
+from test_training_learning import CONFIG, mean_reward
 
 import art_core as art
 
@@ -47,35 +48,9 @@ def starts_with_a_digit(text: str) -> float:
     return 1.0 if stripped[:1].isdigit() else 0.0
 
 
-async def rollout(model: art.TrainableModel, prompt: str, seed: int) -> art.Trajectory:
-    async with art.capture(model) as run:
-        response = await run.openai_client().chat.completions.create(
-            model=run.model_name,
-            messages=[{"role": "user", "content": prompt}],
-            max_tokens=MAX_TOKENS,
-            temperature=1.0,
-            seed=seed,  # a fixed sampling schedule keeps the test reproducible
-        )
-    return run.trajectory(reward=starts_with_a_digit(response.choices[0].message.content or ""))
-
-
 async def gather(model: art.TrainableModel, step: int) -> list[art.TrajectoryGroup]:
-    """A group of 8 runs per prompt, sampled with the seeds of ``step``."""
-    return await art.gather_trajectory_groups(
-        (
-            art.TrajectoryGroup(
-                rollout(model, prompt, seed=1000 * step + GROUP_SIZE * p + i)
-                for i in range(GROUP_SIZE)
-            )
-            for p, prompt in enumerate(PROMPTS)
-        ),
-        pbar_desc=None,
-    )
-
-
-def mean_reward(groups: list[art.TrajectoryGroup]) -> float:
-    rewards = [t.reward for g in groups for t in g.trajectories]
-    return sum(rewards) / len(rewards)
+    """The digits task's groups (8 runs per prompt, the seeds of ``step``), pass/fail."""
+    return await learning.gather(model, step, reward=starts_with_a_digit)
 
 
 async def own_runs(model: art.TrainableModel) -> list[art.TrajectoryGroup]:

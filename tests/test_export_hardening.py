@@ -27,14 +27,13 @@ import httpx
 import pytest
 import pytest_asyncio
 from remote_support import ServerProcess
+from test_export_remote import trained_one_step
 
 import art_core as art
 from art_core.embedded import resolve_base_model
 from art_core.export.api import estimate_export_bytes
 from art_core.model_folder import ModelFolder
 from art_core.server.export_space import ExportSpace, ExportSpaceFull
-from art_core.testing.pytest_plugin import register_tiny_model
-from art_core.training import TrainConfig
 
 PROJECT, NAME, TOKEN = "export", "hardened-export", "hardening-token"
 EXPORT_PATH = f"/api/models/{PROJECT}/{NAME}/export"
@@ -47,24 +46,7 @@ PADDING_BYTES = 24 * 2**20
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def trained(backend: art.LocalBackend, art_path: Path) -> ModelFolder:
     """A model trained one step on the session's backend (its folder, under ``art_path``)."""
-    model = await register_tiny_model(backend, NAME, PROJECT)
-
-    async def rollout(seed: int) -> art.Trajectory:
-        async with art.capture(model) as run:
-            await run.openai_client().chat.completions.create(
-                model=run.model_name,
-                messages=[{"role": "user", "content": "Say a number."}],
-                max_tokens=6,
-                temperature=1.0,
-                seed=seed,
-            )
-        return run.trajectory(reward=float(seed % 2))
-
-    groups = await art.gather_trajectory_groups(
-        [art.TrajectoryGroup(rollout(seed) for seed in range(4))], pbar_desc=None
-    )
-    await model.train(groups, config=TrainConfig(learning_rate=1e-2, precision="fp32"))
-    return ModelFolder.of(art_path, PROJECT, NAME)
+    return await trained_one_step(backend, art_path, NAME, PROJECT)
 
 
 @contextlib.contextmanager

@@ -26,11 +26,11 @@ def listing(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def served(
-    backend: art.LocalBackend, art_path: Path, tmp_path_factory: pytest.TempPathFactory
-):  # type: ignore[no-untyped-def]
-    model = await register_tiny_model(backend, "remote-export", "export")
+async def trained_one_step(
+    backend: art.LocalBackend, art_path: Path, name: str, project: str
+) -> ModelFolder:
+    """A tiny model trained one step on the session's backend: its folder under ``art_path``."""
+    model = await register_tiny_model(backend, name, project)
 
     async def rollout(seed: int) -> art.Trajectory:
         async with art.capture(model) as run:
@@ -47,7 +47,14 @@ async def served(
         [art.TrajectoryGroup(rollout(seed) for seed in range(4))], pbar_desc=None
     )
     await model.train(groups, config=TrainConfig(learning_rate=1e-2, precision="fp32"))
-    source = ModelFolder.of(art_path, "export", "remote-export")
+    return ModelFolder.of(art_path, project, name)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def served(
+    backend: art.LocalBackend, art_path: Path, tmp_path_factory: pytest.TempPathFactory
+):  # type: ignore[no-untyped-def]
+    source = await trained_one_step(backend, art_path, "remote-export", "export")
     remote_art = tmp_path_factory.mktemp("remote-art")
     shutil.copytree(source.root, remote_art / "export" / "models" / "remote-export")
     server = ServerProcess(remote_art, token="export-token").start()

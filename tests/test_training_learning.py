@@ -18,6 +18,7 @@ LoRA on the head lifts that ceiling; real models do not need it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import art_core as art
@@ -45,7 +46,12 @@ def digit_fraction(text: str) -> float:
     return sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
 
 
-async def rollout(model: art.TrainableModel, prompt: str, seed: int) -> art.Trajectory:
+async def rollout(
+    model: art.TrainableModel,
+    prompt: str,
+    seed: int,
+    reward: Callable[[str], float] = digit_fraction,
+) -> art.Trajectory:
     async with art.capture(model) as run:
         response = await run.openai_client().chat.completions.create(
             model=run.model_name,
@@ -55,14 +61,17 @@ async def rollout(model: art.TrainableModel, prompt: str, seed: int) -> art.Traj
             seed=seed,  # a fixed sampling schedule keeps the test reproducible
         )
     answer = response.choices[0].message.content or ""
-    return run.trajectory(reward=digit_fraction(answer), metrics={"chars": len(answer)})
+    return run.trajectory(reward=reward(answer), metrics={"chars": len(answer)})
 
 
-async def gather(model: art.TrainableModel, step: int) -> list[art.TrajectoryGroup]:
+async def gather(
+    model: art.TrainableModel, step: int, reward: Callable[[str], float] = digit_fraction
+) -> list[art.TrajectoryGroup]:
+    """A group of GROUP_SIZE runs per prompt, sampled with the seeds of ``step``."""
     return await art.gather_trajectory_groups(
         (
             art.TrajectoryGroup(
-                rollout(model, prompt, seed=1000 * step + GROUP_SIZE * p + i)
+                rollout(model, prompt, seed=1000 * step + GROUP_SIZE * p + i, reward=reward)
                 for i in range(GROUP_SIZE)
             )
             for p, prompt in enumerate(PROMPTS)
