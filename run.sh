@@ -45,9 +45,12 @@ setup() {
 }
 
 # The real command-line agents the cli_agents integration's tests run, pinned, from the npm
-# registry (their platform binaries come inside the packages; install scripts are not needed).
+# registry. Their platform binaries come as optional dependencies; Claude Code's and
+# opencode's install scripts link theirs into place (npm 11 runs them, warning only that
+# allowScripts does not list them; under --ignore-scripts their commands would only print an
+# error).
 export ART_CLI_AGENTS_DIR="${ART_CLI_AGENTS_DIR:-$PWD/.art/cli-agents}"
-CLI_AGENTS=(@openai/codex@0.169.0 @anthropic-ai/claude-code@2.1.197)
+CLI_AGENTS=(@openai/codex@0.169.0 @anthropic-ai/claude-code@2.1.197 opencode-ai@1.18.33)
 install_cli_agents() {
   local stamp
   stamp="$ART_CLI_AGENTS_DIR/.installed-$(printf '%s ' "${CLI_AGENTS[@]}" | sha256sum | cut -c1-16)"

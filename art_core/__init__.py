@@ -14,6 +14,7 @@ from art_core.backends.local import LocalBackend
 from art_core.backends.remote import RemoteBackend
 from art_core.batches import trajectory_group_batches
 from art_core.capture import Run, capture, current_run
+from art_core.gateway.rollout_sampling import RolloutSampling
 from art_core.gather import (
     TooManyExceptions,
     gather_trajectories,
@@ -64,6 +65,7 @@ __all__ = [
     "PipelineTrainer",
     "RemoteBackend",
     "RolloutException",
+    "RolloutSampling",
     "Run",
     "SFTConfig",
     "SamplingReport",

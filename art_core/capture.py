@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -9,7 +10,8 @@ from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from art_core.clients import async_openai_client, sync_openai_client
+from art_core.clients import async_openai_client, shared_ssl_context, sync_openai_client
+from art_core.gateway.rollout_sampling import RolloutSampling
 from art_core.run_context import current_run as current_run  # re-exported: art.current_run
 from art_core.run_context import enter_run, exit_run
 from art_core.tracing import hooks as tracing
@@ -48,12 +50,21 @@ def pin_step(step: int | None) -> Iterator[None]:
 class Run:
     """One rollout: its id, its base URL, and the calls the gateway recorded for it."""
 
-    def __init__(self, model: TrainableModel, rollout_id: str, metadata: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        model: TrainableModel,
+        rollout_id: str,
+        metadata: dict[str, Any],
+        sampling: RolloutSampling | None = None,
+    ) -> None:
         if model.inference_base_url is None:
             raise RuntimeError(f"model {model.name!r} is not registered")
         self.model = model
         self.rollout_id = rollout_id
         self.metadata = metadata
+        # The sampling settings the gateway applies to every call of this rollout (None:
+        # each call samples as it asks).
+        self.sampling = sampling
         # The adapter step this rollout calls by name (``pin_step``); None: the default one.
         self.adapter_step = _pinned_step.get()
         root = model.inference_base_url.removesuffix("/").removesuffix("/v1")
@@ -199,19 +210,90 @@ class Run:
         return trajectory
 
 
+# Attempts at setting a rollout's sampling settings when the gateway cannot be reached (the
+# request is idempotent: resending it is safe), and the wait before the second one.
+SAMPLING_ATTEMPTS, SAMPLING_RETRY_S = 3, 0.25
+
+
+async def set_rollout_sampling(run: Run, sampling: RolloutSampling) -> None:
+    """Tell the gateway serving ``run`` to apply ``sampling`` to every call of the rollout
+    (``PUT /rollouts/{id}/sampling``, authenticated as the rollout's calls are): one path
+    for a gateway in this process and one behind ``art-core serve``. ``RuntimeError`` naming
+    the gateway's answer when it refuses, or when it cannot be reached.
+
+    Example:
+        >>> await set_rollout_sampling(run, RolloutSampling(seed=7))  # doctest: +SKIP
+    """
+    import httpx
+
+    url = f"{run.anthropic_base_url}/sampling"
+    key = run.model.inference_api_key or "art"
+    body = sampling.model_dump()
+    async with httpx.AsyncClient(
+        verify=shared_ssl_context(),
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=httpx.Timeout(30.0, connect=10.0),
+    ) as http:
+        for attempt in range(1, SAMPLING_ATTEMPTS + 1):
+            try:
+                response = await http.put(url, json=body)
+                break
+            except httpx.TransportError as exc:
+                if attempt == SAMPLING_ATTEMPTS:
+                    raise RuntimeError(
+                        f"could not set the sampling settings of rollout {run.rollout_id!r} "
+                        f"at {url}: {type(exc).__name__}: {exc}"
+                    ) from exc
+                await asyncio.sleep(SAMPLING_RETRY_S * attempt)
+    if response.status_code == 200:
+        return
+    try:
+        reason = response.json()["error"]["message"]
+    except Exception:
+        reason = response.text[:500]
+    hint = (
+        " (a gateway older than rollout sampling settings?)"
+        if response.status_code in (404, 405)
+        else ""
+    )
+    raise RuntimeError(
+        f"the gateway refused the sampling settings of rollout {run.rollout_id!r}: "
+        f"{response.status_code} {reason}{hint}"
+    )
+
+
 @asynccontextmanager
 async def capture(
-    model: TrainableModel, *, rollout_id: str | None = None, metadata: dict[str, Any] | None = None
+    model: TrainableModel,
+    *,
+    rollout_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    sampling: RolloutSampling | None = None,
 ) -> AsyncIterator[Run]:
     """Open a rollout: calls sent to ``run.base_url`` are recorded under a fresh rollout id.
+
+    ``sampling`` (``art.RolloutSampling``) applies to every call of the rollout, in every
+    wire API, whatever the agent sends: its ``temperature`` / ``top_p`` replace the
+    request's, and a call without a seed gets one derived from ``sampling.seed`` and its
+    index in the rollout (the same seed replays the same run). The gateway learns them on
+    entry and forgets them when the rollout is released at exit; each call records what was
+    applied as ``request_params["rollout_sampling"]``.
 
     Example:
         >>> async with art.capture(model) as run:  # doctest: +SKIP
         ...     client = run.openai_client()
         ...     await client.chat.completions.create(model=run.model_name, messages=[...])
         >>> trajectory = run.trajectory(reward=1.0)  # doctest: +SKIP
+        >>> async with art.capture(model, sampling=art.RolloutSampling(seed=1, temperature=1.2)) as run:  # doctest: +SKIP
+        ...     subprocess.run(["codex", "exec", task], env={**os.environ, **run.env()})
     """
-    run = Run(model, rollout_id or new_id("rollout"), dict(metadata or {}))
+    if sampling is not None and not isinstance(sampling, RolloutSampling):
+        raise TypeError(f"sampling must be an art.RolloutSampling, got {type(sampling).__name__}")
+    run = Run(model, rollout_id or new_id("rollout"), dict(metadata or {}), sampling)
+    if sampling is not None:
+        # Before any call of the rollout can reach the gateway (and before the run is
+        # traced: a run the gateway refused never started).
+        await set_rollout_sampling(run, sampling)
     tracing.run_started(run)
     token = enter_run(run)
     error: Exception | None = None

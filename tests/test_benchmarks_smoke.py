@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_"))
 # The GPU machine's setup steps (versions, shapes, wheels): they measure nothing.
 NOT_MEASURING = {"gpu_bundle", "gpu_env", "gpu_models"}
+# What a script's smoke output holds beyond its table: cli_agents (a stand-in agent on
+# tiny-qwen2.5, ~20 s) prints the README table read back from the JSON line it wrote.
+EXPECTED = {"cli_agents": ("=== stand-in ===", "appended to ", "| stand-in | tiny-qwen2.5 ")}
 # One smoke run on 2 busy cores: tiny-random models, a step or two. A run past this is a
 # hang, not a slow machine.
 TIMEOUT_S = 600
@@ -70,3 +73,5 @@ def test_benchmark_smoke(script: str, tmp_path: Path, fork_server: ForkServer) -
     assert stdout.strip(), f"{script} --smoke printed no table:\n{tail}"
     if script not in NOT_MEASURING:  # its figures depend on the machine: it names it
         assert stdout.startswith("machine: "), f"{script} does not name the machine:\n{tail}"
+    missing = [text for text in EXPECTED.get(script, ()) if text not in stdout]
+    assert not missing, f"{script} --smoke printed no {missing}:\n{tail}"

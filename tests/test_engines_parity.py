@@ -114,12 +114,13 @@ async def test_bad_input_and_context_limits(
     _, model = served
     async with httpx.AsyncClient(timeout=60) as http:
         url = f"{model.inference_base_url}/chat/completions"
+        # A prompt over the context by itself (a max_tokens over it is lowered to fit).
         too_long = await http.post(
             url,
             json={
                 "model": model.name,
-                "max_tokens": 10**6,
-                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 3,
+                "messages": [{"role": "user", "content": "word " * 10000}],
             },
         )
         unknown = await http.post(

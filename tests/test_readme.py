@@ -634,10 +634,11 @@ REPLACE: dict[str, Replace] = {
         "groups of `rollout` (given=rollout) on the remote model",
     ),
     "cli-two-runs": Replace(
-        "TASK, 4)", "TASK, 2)", "2 runs per agent: a group still compares; CI time"
+        "rollouts_per_group=4", "rollouts_per_group=2", "2 runs a task: a group still compares"
     ),
+    "cli-one-step": Replace("steps=3", "steps=1", "one training step shows the loop; CI time"),
     "cli-two-runs-fragment": Replace(
-        "task, 4)", "task, 2)", "2 runs per agent: a group still compares; CI time"
+        "task, 4, sampling", "task, 2, sampling", "2 runs: a group still compares; CI time"
     ),
 }
 
@@ -822,7 +823,11 @@ def _cli_agent_pins_match_run_sh() -> None:
     """The README's npm pins are the ones ``run.sh`` installs for CI."""
     pins = re.search(r"CLI_AGENTS=\(([^)]*)\)", (ROOT / "run.sh").read_text())
     assert pins is not None
-    assert pins.group(1).split() == ["@openai/codex@0.169.0", "@anthropic-ai/claude-code@2.1.197"]
+    assert pins.group(1).split() == [
+        "@openai/codex@0.169.0",
+        "@anthropic-ai/claude-code@2.1.197",
+        "opencode-ai@1.18.33",
+    ]
 
 
 CI_RUNS = "CI runs it: `bash run.sh test` (the command CI runs) runs it before the tests"
@@ -907,7 +912,8 @@ SHELL: dict[str, Shell] = {
     "pip install -e integrations/mcp": Shell(INSTALL),
     "pip install -e integrations/openai_agents": Shell(INSTALL),
     "pip install langchain": Shell("an install: the langgraph integration's dev extra has it"),
-    "npm install --prefix agents @openai/codex@0.169.0 @anthropic-ai/claude-code@2.1.197": Shell(
+    "npm install --prefix agents @openai/codex@0.169.0 @anthropic-ai/claude-code@2.1.197 "
+    "opencode-ai@1.18.33": Shell(
         "an install: `bash run.sh test` installs these pins (checked equal to run.sh's here)",
         check=_cli_agent_pins_match_run_sh,
     ),

@@ -4,8 +4,9 @@ Routes (each also under ``/rollouts/{rollout_id}``, which scopes the calls to on
 ``GET /v1/models``, ``POST /v1/chat/completions`` (``stream: true`` answers as SSE), and
 the other wire APIs, one module each under ``apis``: ``POST /v1/responses`` (OpenAI
 Responses), ``POST /v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic Messages),
-``POST /v1/completions``; plus ``GET /health``. A chat request goes: body (``body``) ->
-validated and translated to token ids (``requests``) -> sampled and recorded
+``POST /v1/completions``; plus ``GET /health`` and ``PUT /rollouts/{rollout_id}/sampling``
+(the rollout's own sampling settings, ``rollout_sampling``). A chat request goes: body
+(``body``) -> validated and translated to token ids (``requests``) -> sampled and recorded
 (``recording``) -> answered as JSON (``responses``) or SSE (``streaming``); the other APIs
 translate their request to a chat request at their edge and their answer back. Errors are
 ``errors.APIError``, in OpenAI's shape (Anthropic's on its routes).
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -31,18 +33,20 @@ from art_core.engines.tokenizer import ChatTokenizer
 from art_core.gateway.apis import completions as completions_api
 from art_core.gateway.apis import messages as messages_api
 from art_core.gateway.apis import responses as responses_api
-from art_core.gateway.body import DEFAULT_MAX_BODY_BYTES, read_body
+from art_core.gateway.body import DEFAULT_MAX_BODY_BYTES, parse_json_object, read_body
 from art_core.gateway.errors import (
     APIError,
     engine_error,
     http_exception_response,
     internal_error,
     scrub_paths,
+    validation_message,
 )
 from art_core.gateway.prompts import PromptBuilder
 from art_core.gateway.recording import sample_and_record
 from art_core.gateway.requests import DEFAULT_MAX_METADATA_BYTES, prepare_call, read_request
 from art_core.gateway.responses import ResponseShaper, completion_response
+from art_core.gateway.rollout_sampling import RolloutSampling, RolloutSamplingStore
 from art_core.gateway.schemas import SchemaChecks
 from art_core.gateway.store import CallStore
 from art_core.gateway.streaming import stream_completion
@@ -104,6 +108,10 @@ class Gateway:
         # Request fields accepted and left out of the prompt, by API, each logged once.
         self.ignored_fields_logged: set[tuple[str, str]] = set()
         self.responses = responses_api.ResponseStore()
+        # Each rollout's own sampling settings (``PUT /rollouts/{id}/sampling``), applied to
+        # its calls by ``prepare_call``; held here rather than per model: a rollout may call
+        # any model, and the settings may come before its first call names one.
+        self.rollout_sampling = RolloutSamplingStore()
         self.routes = []
         for prefix in ("", "/rollouts/{rollout_id}"):
             self.routes += [
@@ -140,6 +148,13 @@ class Gateway:
                 ),
             ]
         self.routes.append(Route("/health", answered(self.health), methods=["GET"]))
+        self.routes.append(
+            Route(
+                "/rollouts/{rollout_id}/sampling",
+                answered(self.set_rollout_sampling),
+                methods=["PUT"],
+            )
+        )
         # Routes answer their own errors (``answered``); these handlers are the last resort
         # for errors raised outside them. APIError has its own: one registered only for
         # Exception re-raises after answering, which makes uvicorn log an error and close the
@@ -156,6 +171,9 @@ class Gateway:
 
     def add(self, served: ServedModel) -> None:
         self.models[served.name] = served
+        # A rollout released (its calls handed to the trainer) is over: its settings go too.
+        if self.rollout_sampling.discard not in served.store.release_listeners:
+            served.store.release_listeners.append(self.rollout_sampling.discard)
 
     def bound(self, handler: Callable[[Gateway, Request], Awaitable[Response]]) -> Endpoint:
         """An API module's ``handler(gateway, request)`` as this gateway's endpoint."""
@@ -181,6 +199,31 @@ class Gateway:
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "models": sorted(self.models)})
+
+    async def set_rollout_sampling(self, request: Request) -> Response:
+        """``PUT /rollouts/{rollout_id}/sampling``: set (replace) the sampling settings of
+        every later call of the rollout, in every wire API (``rollout_sampling``); a body
+        whose settings are all null (``{}``) removes them. The rollout need not have called
+        yet. Answers ``{"rollout_id", "sampling"}``; 400 naming the field for a bad body.
+
+        Example:
+            >>> httpx.put(f"{root}/rollouts/r1/sampling", json={"seed": 7, "temperature": 1.0})  # doctest: +SKIP
+        """
+        rollout = rollout_id(request)
+        assert rollout is not None  # the route's path has it
+        payload = parse_json_object(await read_body(request, self.max_body_bytes))
+        try:
+            sampling = RolloutSampling.model_validate(payload)
+        except ValidationError as exc:
+            message, param = validation_message(exc)
+            raise APIError(400, message, param=param) from None
+        self.rollout_sampling.set(rollout, sampling)
+        return JSONResponse(
+            {
+                "rollout_id": rollout,
+                "sampling": None if sampling.is_empty else sampling.model_dump(),
+            }
+        )
 
     def model_ids(self) -> list[str]:
         """Every name a request may use: ``NAME`` and ``NAME@STEP`` of each loaded adapter."""
@@ -254,7 +297,13 @@ class Gateway:
         if clock:
             clock.mark("parse")
         served, adapter = await self.resolve(parsed.chat.model)
-        call = await prepare_call(served, adapter, parsed, rollout_id=rollout)
+        call = await prepare_call(
+            served,
+            adapter,
+            parsed,
+            rollout_id=rollout,
+            sampling=self.rollout_sampling.get(rollout),
+        )
         if parsed.chat.stream:
             return StreamingResponse(
                 stream_completion(call),

@@ -27,6 +27,7 @@ from art_core.gateway.body import parse_json_object
 from art_core.gateway.errors import APIError, validation_message
 from art_core.gateway.grammar import json_grammar
 from art_core.gateway.prompts import normalize_message
+from art_core.gateway.rollout_sampling import RolloutSampling, apply_rollout_sampling
 from art_core.gateway.schemas import (
     ChatCompletionRequest,
     NamedToolChoice,
@@ -208,12 +209,13 @@ def grammar_for(
     return None
 
 
-def _token_limit(
-    chat: ChatCompletionRequest, served: ServedModel, prompt_len: int, fit: bool = False
-) -> int:
-    """The most tokens to sample: the request's limit (or the served default), which must fit
-    the context after the prompt; with ``fit``, a limit that does not is lowered to what the
-    context leaves (agents of the Responses and Messages APIs ask for 32k by habit)."""
+def _token_limit(chat: ChatCompletionRequest, served: ServedModel, prompt_len: int) -> int:
+    """The most tokens to sample: the request's limit (or the served default), lowered to what
+    the context leaves after the prompt; 400 only for a prompt that fills the context alone.
+
+    A limit over the context is fitted, never refused, in every chat API: agents ask for what
+    their usual hosted model allows (Claude Code and opencode send 32000 whatever the
+    model), and a refusal would stop them on every call to a small-context model."""
     context = served.engine.context_length
     if prompt_len >= context:
         raise APIError(
@@ -225,17 +227,7 @@ def _token_limit(
     limit = chat.token_limit
     if limit is None:
         return min(served.default_max_tokens, context - prompt_len)
-    if fit:
-        return min(limit, context - prompt_len)
-    if prompt_len + limit > context:
-        raise APIError(
-            400,
-            f"max_tokens={limit} plus the prompt's {prompt_len} tokens exceeds the model's "
-            f"context of {context}",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    return limit
+    return min(limit, context - prompt_len)
 
 
 def _check_prompt_length(served: ServedModel, messages: list[dict[str, Any]]) -> int:
@@ -271,14 +263,22 @@ async def prepare_call(
     rollout_id: str | None,
     api: str = "chat.completions",
     request_params: dict[str, Any] | None = None,
-    fit_max_tokens: bool = False,
+    sampling: RolloutSampling | None = None,
 ) -> PreparedCall:
-    """Render, tokenize and check one request for ``served`` (see the module).
+    """Render, tokenize and check one request for ``served`` (see the module). A token limit
+    the context cannot hold is lowered to fit (recorded as
+    ``request_params["max_tokens_fitted"]``). ``sampling``, the rollout's own settings
+    (``Gateway.rollout_sampling``), override the request's (``rollout_sampling``; what
+    was applied is recorded as ``request_params["rollout_sampling"]``).
 
     The other wire APIs translate their requests to a chat request and come here too:
-    ``api`` names theirs, ``request_params`` are their own recorded parameters, and
-    ``fit_max_tokens`` lowers a token limit the context cannot hold (the lowered value is
-    recorded as ``request_params["max_tokens_fitted"]``)."""
+    ``api`` names theirs, ``request_params`` are their own recorded parameters.
+
+    Example:
+        >>> call = await prepare_call(served, None, request, rollout_id="r1")  # doctest: +SKIP
+        >>> call.params.temperature, call.index  # doctest: +SKIP
+        (1.0, 0)
+    """
     chat = request.chat
     messages = [normalize_message(m.model_dump(exclude_none=True)) for m in chat.messages]
     tools = [t.model_dump(exclude_none=True) for t in chat.tools] if chat.tools else None
@@ -296,7 +296,7 @@ async def prepare_call(
             )
     except Exception as exc:  # a template that cannot render these messages
         raise APIError(400, f"cannot render the messages with the chat template: {exc}") from None
-    limit = _token_limit(chat, served, len(prompt_ids), fit=fit_max_tokens)
+    limit = _token_limit(chat, served, len(prompt_ids))
     params_recorded = (
         recorded_params(request.payload) if request_params is None else dict(request_params)
     )
@@ -315,6 +315,9 @@ async def prepare_call(
         top_logprobs=chat.top_logprobs or 0,
         grammar=grammar_for(chat, tools, chat_format, opened_reasoning=opened_reasoning),
     )
+    # Reserved last: a request refused above takes no index (and so shifts no derived seed).
+    index = served.store.next_index(rollout_id)
+    apply_rollout_sampling(sampling, params, params_recorded, index)
     return PreparedCall(
         served=served,
         chat=chat,
@@ -326,7 +329,7 @@ async def prepare_call(
         prompt_ids=prompt_ids,
         params=params,
         adapter=adapter,
-        index=served.store.next_index(rollout_id),
+        index=index,
         opened_reasoning=opened_reasoning,
         api=api,
     )

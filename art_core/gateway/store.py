@@ -28,6 +28,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict, defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,9 @@ class CallStore:
         self._checkpoint_db: sqlite3.Connection | None = None
         self._unsaved_bytes = 0
         self._checkpointing = False
+        # Called with a rollout's id once it is released (the gateway forgets its sampling
+        # settings then); from whichever thread releases it.
+        self.release_listeners: list[Callable[[str], None]] = []
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False)
@@ -426,7 +430,10 @@ class CallStore:
             self._next_index.pop(rollout_id, None)
             self._active.pop(rollout_id, None)
             self.memory_bytes -= self._rollout_bytes.pop(rollout_id, 0)
-            return self._rollouts.pop(rollout_id, [])
+            calls = self._rollouts.pop(rollout_id, [])
+        for listener in self.release_listeners:
+            listener(rollout_id)
+        return calls
 
     def live_rollouts(self) -> int:
         """How many rollouts have calls held in memory."""

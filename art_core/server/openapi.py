@@ -25,6 +25,7 @@ from pydantic.json_schema import models_json_schema
 from art_core.gateway.apis.completions import CompletionRequest
 from art_core.gateway.apis.messages import CountTokensRequest, MessagesRequest
 from art_core.gateway.apis.responses import ResponsesRequest
+from art_core.gateway.rollout_sampling import RolloutSampling
 from art_core.gateway.schemas import ChatCompletionRequest
 from art_core.server.api import MODEL, NDJSON
 from art_core.server.schemas import (
@@ -76,7 +77,17 @@ class Operation:
 
 def _operations() -> list[Operation]:
     chat = "Chat completion (OpenAI's protocol), recorded token-exactly"
-    operations = [Operation("get", "/health", "Liveness and the models served")]
+    operations = [
+        Operation("get", "/health", "Liveness and the models served"),
+        Operation(
+            "put",
+            "/rollouts/{rollout_id}/sampling",
+            "Set the sampling settings (seed, temperature, top_p) of every call of a rollout, "
+            "in every wire API; all null removes them",
+            RolloutSampling,
+            busy=False,
+        ),
+    ]
     for prefix, where in (("", ""), ("/rollouts/{rollout_id}", " within a rollout")):
         operations += [
             Operation("get", f"{prefix}/v1/models", f"The models served{where}"),

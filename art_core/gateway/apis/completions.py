@@ -22,7 +22,8 @@ the served default; it must fit the context after the prompt, else 400), ``tempe
 ``prompt_logprobs`` in vLLM's format, ``engines/prompt_logprobs.py``: per prompt token its
 logprob and rank given the tokens before it and the k most likely tokens, the first
 ``null``; computed by the weights that serve the call, raw logits at temperature 1; not
-recorded).
+recorded). A rollout's own sampling settings (``gateway.rollout_sampling``) apply to each
+prompt's call as ``prepare_call`` applies them to a chat call.
 
 Accepted and left out of sampling, named in each call's ``request_params.ignored_fields``
 (and logged once): ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``user`` and
@@ -72,6 +73,7 @@ from art_core.gateway.requests import (
     request_metadata,
 )
 from art_core.gateway.responses import SSE_DONE, completion_response, sse
+from art_core.gateway.rollout_sampling import apply_rollout_sampling
 from art_core.gateway.schemas import (
     MAX_N,
     MAX_SEED,
@@ -404,6 +406,9 @@ async def prepare(
         raise _bad(f"cannot tokenize the prompt: {exc}", "prompt") from None
     recorded = recorded_fields(parsed.payload, SERVED_FIELDS, NOT_RECORDED)
     log_ignored(gateway, API, recorded)
+    # This API builds its calls without ``prepare_call`` (no chat template): the rollout's
+    # own sampling settings are applied here, the same way.
+    sampling = gateway.rollout_sampling.get(rollout_id)
     calls = []
     limits = []
     for i, ids in enumerate(encoded):
@@ -418,6 +423,19 @@ async def prepare(
             params_recorded["prompt"] = prompt
         if request.max_tokens is None or "max_tokens" not in request.model_fields_set:
             params_recorded["max_tokens"] = limit  # the limit sampled with
+        params = SamplingParams(
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            top_k=max(request.top_k or 0, 0),
+            max_tokens=limit,
+            n=parsed.n,
+            stop=request.stop_list,
+            seed=request.seed,
+            top_logprobs=request.logprobs or 0,
+            prompt_logprobs=request.prompt_logprobs,
+        )
+        index = served.store.next_index(rollout_id)
+        apply_rollout_sampling(sampling, params, params_recorded, index)
         calls.append(
             PreparedCall(
                 served=served,
@@ -428,19 +446,9 @@ async def prepare(
                 metadata=metadata,
                 request_params=params_recorded,
                 prompt_ids=ids,
-                params=SamplingParams(
-                    temperature=1.0 if request.temperature is None else request.temperature,
-                    top_p=1.0 if request.top_p is None else request.top_p,
-                    top_k=max(request.top_k or 0, 0),
-                    max_tokens=limit,
-                    n=parsed.n,
-                    stop=request.stop_list,
-                    seed=request.seed,
-                    top_logprobs=request.logprobs or 0,
-                    prompt_logprobs=request.prompt_logprobs,
-                ),
+                params=params,
                 adapter=adapter,
-                index=served.store.next_index(rollout_id),
+                index=index,
                 api=API,
             )
         )

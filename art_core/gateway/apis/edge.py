@@ -110,7 +110,7 @@ async def prepare_translated(
         rollout_id=rollout_id,
         api=api,
         request_params=translated.recorded,
-        fit_max_tokens=True,
+        sampling=gateway.rollout_sampling.get(rollout_id),
     )
 
 

@@ -6,20 +6,39 @@ Example:
     >>> group = await cli.rollout_group(model, cli.codex(), task, 4)  # doctest: +SKIP
 """
 
-from art_cli_agents.agents import CLIAgent, claude_code, codex
+from art_cli_agents.agents import (
+    CLAUDE_CODE_SMALL_MODEL_PROMPT,
+    CODEX_SMALL_MODEL_PROMPT,
+    OPENCODE_SMALL_MODEL_PROMPT,
+    CLIAgent,
+    claude_code,
+    codex,
+    opencode,
+)
 from art_cli_agents.rollout import Task, reward_of, rollout, rollout_group
 from art_cli_agents.sandbox import Limits, ProcessResult, isolation_prefix, run_sandboxed
+from art_cli_agents.tasks import load_task, load_tasks
+from art_cli_agents.train import StepRecord, TrainReport, train
 
 __all__ = [
+    "CLAUDE_CODE_SMALL_MODEL_PROMPT",
+    "CODEX_SMALL_MODEL_PROMPT",
+    "OPENCODE_SMALL_MODEL_PROMPT",
     "CLIAgent",
     "Limits",
     "ProcessResult",
+    "StepRecord",
     "Task",
+    "TrainReport",
     "claude_code",
     "codex",
     "isolation_prefix",
+    "load_task",
+    "load_tasks",
+    "opencode",
     "reward_of",
     "rollout",
     "rollout_group",
     "run_sandboxed",
+    "train",
 ]

@@ -8,7 +8,8 @@ the gateway. Unix sockets are files: they cross network namespaces, TCP does not
 runs the agent's command in its place (the forwarder goes on in a forked child, in the same
 namespace, and dies with it).
 
-Usage (by the sandbox): ``python -m art_cli_agents.bridge SOCKET HOST PORT -- COMMAND...``
+The sandbox's launcher (``confine``) uses these functions; on its own:
+``python -m art_cli_agents.bridge SOCKET HOST PORT -- COMMAND...``
 """
 
 from __future__ import annotations
@@ -49,6 +50,32 @@ async def forward(listener: socket.socket, unix_path: str) -> None:
         await server.serve_forever()
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (the gateway's own address, inside)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(128)
+    return listener
+
+
+def start_forwarder(
+    listener: socket.socket, unix_path: str, close_fds: tuple[int, ...] = ()
+) -> int:
+    """Fork the forwarder of ``listener``'s connections to ``unix_path`` and return its pid;
+    it lives as long as the namespace. ``close_fds``: descriptors it must not keep."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for fd in close_fds:
+                os.close(fd)
+            asyncio.run(forward(listener, unix_path))
+        finally:
+            os._exit(0)
+    listener.close()
+    return pid
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if "--" not in args or args.index("--") != 3 or len(args) < 5:
@@ -56,16 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     unix_path, host, port = args[0], args[1], int(args[2])
     command = args[4:]
     loopback_up()
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((host, port))
-    listener.listen(128)
-    if os.fork() == 0:  # the forwarder: lives as long as the namespace
-        try:
-            asyncio.run(forward(listener, unix_path))
-        finally:
-            os._exit(0)
-    listener.close()
+    start_forwarder(listen(host, port), unix_path)
     os.execvp(command[0], command)
 
 

@@ -5,10 +5,17 @@ empty ``HOME`` and ``TMPDIR``, and an environment made only of ``PATH``, the loc
 rollout's URLs and key (``run.env()``) and the agent's own variables: no user configuration
 or credentials reach the agent, and whatever it writes stays in the run's folder, removed
 afterwards. The agent runs in its own process group (and, where the OS allows, its own
-network and PID namespaces: the gateway is the only address it can reach), bounded in time
-and output (``sandbox``). Then the task's check command runs in the same folder: its reward
+network, PID and mount namespaces: the gateway is the only address it can reach, and its
+run's folder the only place it can write), bounded in time, output and processes
+(``sandbox``). Then the task's check command runs in the same folder: its reward
 is the number on the last line it prints, else 1.0 for exit status 0 and 0.0 otherwise.
 Every call the agent made is in the trajectory, token-exact, whichever API it spoke.
+
+Where the filesystem is isolated, every run sees its folders at the same paths
+(``sandbox.RUN_ROOT``: ``/tmp/art-run/work``, ``/home`` and ``/tmp``), whatever their real
+ones: its environment, its command and its configuration files say those, so agents that name
+their folders in their prompts send the same prompts in every run of a group, and the
+inference engine's prefix cache shares them. Elsewhere it sees their real paths.
 """
 
 from __future__ import annotations
@@ -26,27 +33,46 @@ from urllib.parse import urlsplit
 
 import art_core as art
 from art_cli_agents.agents import CLIAgent
-from art_cli_agents.sandbox import Limits, Network, ProcessResult, run_sandboxed
+from art_cli_agents.sandbox import (
+    RUN_ROOT,
+    Filesystem,
+    Limits,
+    Network,
+    ProcessResult,
+    isolates_filesystem,
+    run_sandboxed,
+)
 
 # Kept in the trajectory's logs: the end of the agent's and the check's output.
 LOG_TAIL_CHARS = 4000
+# Seeds derived for runs stay within a chat request's range (signed 64-bit).
+SEED_RANGE = 2**62
 
 
 @dataclass(frozen=True)
 class Task:
     """What an agent is asked to do: a prompt, a folder it works in (copied for each run; an
     empty folder when None), and a check command that scores the folder afterwards (a list
-    of arguments, or a string run by ``sh -c``; no check: reward 0).
+    of arguments, or a string run by ``sh -c``; no check: reward 0). ``check_reads``: files
+    or folders outside the run's folder that the check reads (its scripts, the expected
+    answers): an isolated run has a private ``/tmp`` that would hide them, so they are shown
+    to the check, read-only, at their own paths (never to the agent). Absolute paths.
 
     Example:
         >>> Task("Make the tests pass", folder="tasks/fizzbuzz", check="python -m pytest -q")
-        Task(prompt='Make the tests pass', folder='tasks/fizzbuzz', check='python -m pytest -q', metadata={})
+        Task(prompt='Make the tests pass', folder='tasks/fizzbuzz', check='python -m pytest -q', metadata={}, check_reads=())
     """
 
     prompt: str
     folder: str | Path | None = None
     check: str | Sequence[str] | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    check_reads: Sequence[str | Path] = ()
+
+    def __post_init__(self) -> None:
+        relative = [str(path) for path in self.check_reads if not Path(path).is_absolute()]
+        if relative:
+            raise ValueError(f"check_reads must be absolute paths: {relative}")
 
     def check_argv(self) -> list[str] | None:
         if self.check is None:
@@ -54,6 +80,26 @@ class Task:
         if isinstance(self.check, str):
             return ["sh", "-c", self.check]
         return list(self.check)
+
+
+def run_sampling(sampling: art.RolloutSampling | None, *keys: int) -> art.RolloutSampling | None:
+    """``sampling`` for one run among many: its seed (when it has one) mixed with ``keys``
+    (a group's index, a run's index...), so that runs given the same settings still differ,
+    reproducibly.
+
+    Example:
+        >>> base = art.RolloutSampling(seed=7, temperature=1.0)
+        >>> [run_sampling(base, i).seed for i in range(3)]
+        [7000021, 7000022, 7000023]
+        >>> run_sampling(art.RolloutSampling(temperature=1.0), 1).seed is None
+        True
+    """
+    if sampling is None or sampling.seed is None:
+        return sampling
+    seed = sampling.seed
+    for key in keys:
+        seed = (seed * 1_000_003 + key) % SEED_RANGE
+    return sampling.model_copy(update={"seed": seed})
 
 
 def reward_of(check: ProcessResult | None) -> float:
@@ -120,18 +166,31 @@ async def rollout(
     limits: Limits | None = None,
     network: Network = "auto",
     metadata: Mapping[str, Any] | None = None,
+    filesystem: Filesystem = "auto",
+    sampling: art.RolloutSampling | None = None,
 ) -> art.Trajectory:
     """Run ``agent`` once on ``task`` against ``model`` and return the scored trajectory
     (see the module). Metrics: ``exit_code`` (-1 when killed by the timeout), ``timed_out``,
-    ``agent_seconds``, ``output_bytes``, ``check_exit_code``, ``network_isolated``.
+    ``agent_seconds``, ``output_bytes``, ``check_exit_code``, ``network_isolated``,
+    ``filesystem_isolated``, ``processes_killed`` (the agent's processes still alive when it
+    ended or timed out, all killed), ``process_limit`` (0: none). Its second log line says
+    where the run saw its working folder and ``HOME``. ``sampling``: the gateway samples
+    every call of the run with these settings, whatever the agent asks
+    (``art.capture``'s; agents send no seed, and a temperature of their own).
 
     Example:
         >>> trajectory = await rollout(model, codex("codex"), Task("say hi"))  # doctest: +SKIP
     """
     limits = limits or Limits()
+    # Isolated, the run sees its folders at RUN_ROOT's, the same in every run (see the module).
+    seen_root = RUN_ROOT if isolates_filesystem(filesystem) else None
     scratch = Path(tempfile.mkdtemp(prefix="art-cli-"))
     try:
         work, home, tmp = scratch / "work", scratch / "home", scratch / "tmp"
+        # Where the run sees them, and where they are.
+        seen = {folder: (seen_root or scratch) / folder.name for folder in (work, home, tmp)}
+        seen_at = seen if seen_root is not None else None
+        seen_work, seen_home, seen_tmp = seen[work], seen[home], seen[tmp]
         if task.folder is not None:
             # Links are copied as links (a link out of the task folder is not followed).
             shutil.copytree(task.folder, work, symlinks=True)
@@ -140,7 +199,9 @@ async def rollout(
         home.mkdir()
         tmp.mkdir()
         async with art.capture(
-            model, metadata={"agent": agent.name, **task.metadata, **(metadata or {})}
+            model,
+            metadata={"agent": agent.name, **task.metadata, **(metadata or {})},
+            sampling=sampling,
         ) as run:
             rollout_env = run.env()
             values = {
@@ -149,11 +210,16 @@ async def rollout(
                 "openai_base_url": rollout_env["OPENAI_BASE_URL"],
                 "anthropic_base_url": rollout_env["ANTHROPIC_BASE_URL"],
                 "api_key": rollout_env["OPENAI_API_KEY"],
-                "home": str(home),
-                "workdir": str(work),
+                "home": str(seen_home),
+                "workdir": str(seen_work),
             }
+            # Written here at their real paths; what they say is what the run sees.
             _write_files(home, agent.config_files(values))
-            env = {**_base_environment(home, tmp), **rollout_env, **agent.environment(values)}
+            env = {
+                **_base_environment(seen_home, seen_tmp),
+                **rollout_env,
+                **agent.environment(values),
+            }
             result = await run_sandboxed(
                 agent.command(values),
                 cwd=work,
@@ -163,6 +229,9 @@ async def rollout(
                 network=network,
                 gateway=_gateway_address(run.base_url),
                 scratch=scratch,
+                filesystem=filesystem,
+                writable=[work, home, tmp],
+                seen_at=seen_at,
             )
         check_argv = task.check_argv()
         check = None
@@ -170,17 +239,23 @@ async def rollout(
             check = await run_sandboxed(
                 check_argv,
                 cwd=work,
-                env=_base_environment(home, tmp),
+                env=_base_environment(seen_home, seen_tmp),
                 limits=limits,
                 timeout_s=limits.check_timeout_s,
                 network=network,
                 gateway=None,
                 scratch=scratch,
+                filesystem=filesystem,
+                writable=[work, home, tmp],
+                seen_at=seen_at,
+                readable=[Path(path) for path in task.check_reads],
             )
         logs = [
             f"$ {shlex.join(agent.command({**values, 'prompt': '<prompt>'}))}",
             f"exit: {result.exit_code} ({'timed out' if result.timed_out else 'ended'}) after "
-            f"{result.seconds:.1f} s; network {result.network}",
+            f"{result.seconds:.1f} s; network {result.network}; filesystem {result.filesystem} "
+            f"(cwd {seen_work}, HOME {seen_home}); {result.processes_killed} processes left, "
+            "killed",
             f"stdout (end):\n{_tail(result.stdout)}",
             f"stderr (end):\n{_tail(result.stderr)}",
         ]
@@ -197,6 +272,9 @@ async def rollout(
                 if check is None or check.exit_code is None
                 else check.exit_code,
                 "network_isolated": result.network == "isolated",
+                "filesystem_isolated": result.filesystem == "isolated",
+                "processes_killed": result.processes_killed,
+                "process_limit": result.process_limit or 0,
             },
             logs=logs,
         )
@@ -212,14 +290,27 @@ async def rollout_group(
     *,
     limits: Limits | None = None,
     network: Network = "auto",
+    filesystem: Filesystem = "auto",
+    sampling: art.RolloutSampling | None = None,
 ) -> art.TrajectoryGroup:
-    """``n`` concurrent runs of ``agent`` on ``task``: a group to train on.
+    """``n`` concurrent runs of ``agent`` on ``task``: a group to train on. With a
+    ``sampling`` seed, run ``i`` gets its own seed derived from it (``run_sampling``): the
+    runs differ, and the same seed replays the same group.
 
     Example:
         >>> group = await rollout_group(model, codex("codex"), task, 4)  # doctest: +SKIP
     """
     group = art.TrajectoryGroup(
-        rollout(model, agent, task, limits=limits, network=network) for _ in range(n)
+        rollout(
+            model,
+            agent,
+            task,
+            limits=limits,
+            network=network,
+            filesystem=filesystem,
+            sampling=run_sampling(sampling, i),
+        )
+        for i in range(n)
     )
     (gathered,) = await art.gather_trajectory_groups([group], pbar_desc=None)
     return gathered

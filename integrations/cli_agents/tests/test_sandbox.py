@@ -1,17 +1,15 @@
-"""A command-line agent as a rollout: its calls recorded, its folder and HOME its own, its
-processes and output bounded, and (where the OS allows) no network but the gateway."""
+"""A command-line agent as a rollout: its calls recorded, its folder and HOME its own
+(hostile agents: test_hostile_agents.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
 import sys
-import uuid
 from pathlib import Path
 
 import art_cli_agents as cli
 import pytest
+from art_cli_agents.sandbox import RUN_ROOT, Limits, filesystem_isolation, run_sandboxed
 
 import art_core as art
 
@@ -49,73 +47,8 @@ async def test_an_agent_run_is_a_scored_trajectory(
     # The task folder itself is unchanged; the run's copy is gone.
     assert sorted(os.listdir(HERE / "task")) == ["README.md"]
     assert trajectory.metrics["network_isolated"] == (cli.isolation_prefix() is not None)
-
-
-async def test_only_the_gateway_is_reachable(cli_model: art.TrainableModel) -> None:
-    """Another server on this machine's loopback is out of reach when isolated."""
-
-    async def hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.close()
-
-    server = await asyncio.start_server(hello, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    async with server:
-        trajectory = await cli.rollout(
-            cli_model, fake("probe", "127.0.0.1", str(port)), cli.Task("probe")
-        )
-        opened = await cli.rollout(
-            cli_model, fake("probe", "127.0.0.1", str(port)), cli.Task("probe"), network="open"
-        )
-    assert "reached" in next(line for line in opened.logs if line.startswith("stdout"))
-    assert not opened.metrics["network_isolated"]
-    output = next(line for line in trajectory.logs if line.startswith("stdout"))
-    if cli.isolation_prefix() is not None:
-        assert trajectory.metrics["network_isolated"]
-        assert "unreachable" in output
-    else:  # this machine allows no namespaces: the run says its network was open
-        assert not trajectory.metrics["network_isolated"]
-        assert "reached" in output
-
-
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                found.append(int(entry))
-        except OSError:
-            pass
-    return found
-
-
-async def test_timeout_kills_the_agent_and_what_it_started(cli_model: art.TrainableModel) -> None:
-    marker = f"art-linger-{uuid.uuid4().hex}"
-    limits = cli.Limits(timeout_s=3)
-    trajectory = await cli.rollout(
-        cli_model, fake("linger", marker), cli.Task("wait"), limits=limits
-    )
-    assert trajectory.metrics["timed_out"] and trajectory.metrics["exit_code"] == -1
-    assert trajectory.metrics["agent_seconds"] < 3 + 10
-    assert trajectory.calls == []
-    left = _processes_with(marker)
-    try:
-        if cli.isolation_prefix() is not None:
-            # Its own PID namespace: even a child in a session of its own is gone.
-            assert left == []
-    finally:
-        for pid in left:  # where nothing isolates it, a child that left the group survives
-            os.kill(pid, signal.SIGKILL)
-
-
-async def test_output_is_bounded(cli_model: art.TrainableModel) -> None:
-    limits = cli.Limits(max_output_bytes=1000)
-    trajectory = await cli.rollout(
-        cli_model, fake("flood", str(5_000_000)), cli.Task("flood"), limits=limits
-    )
-    assert trajectory.metrics["output_bytes"] == 5_000_000, trajectory.logs
-    assert trajectory.metrics["exit_code"] == 0
-    stdout = next(line for line in trajectory.logs if line.startswith("stdout"))
-    assert len(stdout) < 1100
+    # Its folder, HOME and TMPDIR writable, the rest read-only, the gateway still reached.
+    assert trajectory.metrics["filesystem_isolated"] == filesystem_isolation()
 
 
 def test_reward_of_a_check() -> None:
@@ -135,3 +68,49 @@ def test_agents_refuse_config_paths_outside_home() -> None:
         cli.CLIAgent("x", ["x"], files={"../etc/passwd": ""})
     with pytest.raises(ValueError, match="empty command"):
         cli.CLIAgent("x", [])
+
+
+@pytest.mark.skipif(not filesystem_isolation(), reason="needs filesystem isolation")
+async def test_an_isolated_command_sees_its_folders_where_it_is_told(tmp_path: Path) -> None:
+    """``seen_at``: its folder bound at another path in its own /tmp, where it starts (PWD
+    too); nothing made at that path on this machine."""
+    made_here = RUN_ROOT.exists()
+    (tmp_path / "work" / "sub").mkdir(parents=True)
+    seen = RUN_ROOT / "work"
+    result = await run_sandboxed(
+        ["sh", "-c", 'pwd; echo "$PWD"; echo hi > here.txt'],
+        cwd=tmp_path / "work" / "sub",
+        env={"PATH": os.environ["PATH"], "PWD": str(tmp_path / "work" / "sub")},
+        limits=Limits(),
+        timeout_s=10,
+        filesystem="isolated",
+        writable=[tmp_path / "work"],
+        seen_at={tmp_path / "work": seen},
+    )
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.split() == [str(seen / "sub")] * 2
+    assert (tmp_path / "work" / "sub" / "here.txt").read_text() == "hi\n"
+    if not made_here:
+        assert not RUN_ROOT.exists()
+    # Only in the run's own /tmp, and only isolated.
+    for where in (Path("/var/art-run"), Path("/tmp")):
+        with pytest.raises(RuntimeError, match="only inside the run's own /tmp"):
+            await run_sandboxed(
+                ["true"],
+                cwd=tmp_path / "work",
+                env={},
+                limits=Limits(),
+                timeout_s=10,
+                writable=[tmp_path / "work"],
+                seen_at={tmp_path / "work": where},
+            )
+    with pytest.raises(RuntimeError, match="only with an isolated filesystem"):
+        await run_sandboxed(
+            ["true"],
+            cwd=tmp_path / "work",
+            env={},
+            limits=Limits(),
+            timeout_s=10,
+            filesystem="open",
+            seen_at={tmp_path / "work": seen},
+        )

@@ -1,0 +1,449 @@
+"""``train``: tasks -> groups of runs of a command-line agent -> checks -> GRPO steps.
+
+Each step takes ``groups_per_step`` tasks (a seeded shuffle, epoch by epoch, so a resumed run
+continues the same schedule), runs the agent ``rollouts_per_group`` times on each (each run in
+its own copy of the task's folder, ``art_cli_agents.rollout``), scores each run with the
+task's check and calls ``model.train``. A validation pass runs before the first step and
+after the last; the report compares them. The step counter is the model's checkpoint step, so
+running ``train`` again resumes where it stopped.
+
+A step whose groups all scored alike within themselves trains nothing (GRPO learns from the
+differences inside a group): its record says so and why, read from the runs (the rewards, and
+the agent's exit statuses, time limits and calls: ``art_cli_agents.report``), beside the
+diagnoses the backend returns (``art_core.diagnoses``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from statistics import mean, pstdev
+from typing import Any, TextIO
+
+from tqdm.auto import tqdm
+
+import art_core as art
+from art_cli_agents.agents import CLIAgent
+from art_cli_agents.report import (
+    EQUAL_WITHIN,
+    RunStats,
+    ValSummary,
+    agent_diagnoses,
+    before_after_table,
+    flat_reason,
+)
+from art_cli_agents.rollout import Task, rollout, run_sampling
+from art_cli_agents.sandbox import Filesystem, Limits, Network
+from art_cli_agents.tasks import task_name
+from art_core.diagnoses import Diagnosis, RunDiagnoses
+
+# Validation defaults to this many of the training tasks (the first ones).
+DEFAULT_VAL_TASKS = 8
+# The seed phase of validation runs (training step i is phase i + 1).
+VALIDATION_PHASE = 0
+
+
+@dataclass
+class StepRecord:
+    """One training step: its tasks, the rewards of its runs, what the agent did
+    (``runs``), whether it trained and, when it did not, why."""
+
+    step: int
+    tasks: list[str]
+    reward: float
+    reward_std: float
+    rollouts: int
+    # Rollouts that raised (the agent's own failures are runs, in ``runs``).
+    failed: int
+    groups: int
+    groups_with_signal: int
+    rollout_s: float
+    train_s: float
+    trained: bool
+    runs: RunStats = field(default_factory=RunStats)
+    why_nothing_trained: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    # The agent-level rules (art_cli_agents.report) and the backend's (art_core.diagnoses).
+    diagnoses: list[Diagnosis] = field(default_factory=list)
+
+    @property
+    def signal_share(self) -> float:
+        """The share of groups whose rewards differed (the ones GRPO learns from)."""
+        return self.groups_with_signal / self.groups if self.groups else 0.0
+
+    def line(self) -> str:
+        """One line for progress output (more when the step trained nothing).
+
+        Example:
+            >>> StepRecord(0, ["a", "b"], 0.5, 0.5, 8, 0, 2, 1, 3.0, 1.0, True).line()
+            'step 0: reward 0.500 ± 0.500 over 8 runs (0 raised); 1 of 2 groups with unequal rewards; 0 agent errors, 0 timeouts, 0.0 calls per run, 0.0 s per run; rollouts 3.0 s, train 1.0 s'
+        """
+        runs = self.runs
+        text = (
+            f"step {self.step}: reward {self.reward:.3f} ± {self.reward_std:.3f} over "
+            f"{self.rollouts} runs ({self.failed} raised); {self.groups_with_signal} of "
+            f"{self.groups} groups with unequal rewards; {runs.nonzero_exits} agent errors, "
+            f"{runs.timeouts} timeouts, {runs.calls:.1f} calls per run, {runs.agent_s:.1f} s "
+            f"per run; rollouts {self.rollout_s:.1f} s, train {self.train_s:.1f} s"
+        )
+        if not self.trained:
+            text += f"\n    trained nothing: {self.why_nothing_trained}"
+        return text
+
+
+@dataclass
+class TrainReport:
+    """What ``train`` did: per-step records and the validation passes before and after."""
+
+    steps: list[StepRecord]
+    before: ValSummary
+    after: ValSummary
+    wall_s: float
+    # Time from the first validation's end to the last step's end.
+    training_s: float = 0.0
+
+    def diagnoses(self) -> RunDiagnoses:
+        """The diagnoses of every step, with the run-level one (rewards flat over the steps)."""
+        run = RunDiagnoses()
+        for record in self.steps:
+            run.add(
+                record.step,
+                reward=record.reward,
+                trained=record.trained,
+                diagnoses=record.diagnoses,
+            )
+        return run
+
+    def table(self) -> str:
+        """The before/after table, then each step that trained nothing with why, then the
+        diagnoses that fired (each with the setting to change)."""
+        parts = [before_after_table(self.before, self.after, title="validation, before vs after")]
+        untrained = [r for r in self.steps if not r.trained]
+        if untrained:
+            parts.append(
+                f"steps that trained nothing ({len(untrained)} of {len(self.steps)})\n"
+                + "\n".join(f"  step {r.step}: {r.why_nothing_trained}" for r in untrained)
+            )
+        why = self.diagnoses().table()
+        if why:
+            parts.append(why)
+        return "\n\n".join(parts)
+
+
+def tasks_for_step(
+    tasks: Sequence[Task], step: int, groups_per_step: int, seed: int = 0
+) -> list[Task]:
+    """The tasks of step ``step``: consecutive slices of a seeded shuffle, epoch by epoch (so
+    every task comes once per epoch, and a resumed run continues the schedule).
+
+    Example:
+        >>> pool = [Task(f"task {i}") for i in range(5)]
+        >>> [t.prompt for t in tasks_for_step(pool, 0, 5)] == sorted(t.prompt for t in pool)
+        False
+        >>> sorted(t.prompt for t in tasks_for_step(pool, 0, 5)) == [t.prompt for t in pool]
+        True
+        >>> tasks_for_step(pool, 3, 2) == tasks_for_step(pool, 3, 2)
+        True
+    """
+    if not tasks:
+        raise ValueError("no tasks to train on")
+    chosen = []
+    for index in range(step * groups_per_step, (step + 1) * groups_per_step):
+        epoch, position = divmod(index, len(tasks))
+        order = list(range(len(tasks)))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        chosen.append(tasks[order[position]])
+    return chosen
+
+
+def _note_failures(groups: Sequence[art.TrajectoryGroup], errlog: TextIO | None) -> None:
+    """One line per run whose agent failed or timed out, and per rollout that raised."""
+    if errlog is None:
+        return
+    for group in groups:
+        name = group.metadata.get("task", "?")
+        for t in group.trajectories:
+            timed_out = bool(t.metrics.get("timed_out"))
+            code = t.metrics.get("exit_code", 0)
+            if timed_out or code != 0:
+                stderr = next((e for e in t.logs if e.startswith("stderr (end):")), "")
+                last = [line for line in stderr.splitlines()[1:] if line.strip()][-1:]
+                status = "timed out" if timed_out else f"exit {code}"
+                errlog.write(f"[{name}] agent {status}" + (f": {last[0]}" if last else "") + "\n")
+        for exc in group.exceptions:
+            errlog.write(f"[{name}] rollout raised {exc.type}: {exc.message}\n")
+    errlog.flush()
+
+
+async def _gather(
+    model: art.TrainableModel,
+    agent: CLIAgent,
+    tasks: Sequence[Task],
+    n: int,
+    *,
+    limits: Limits | None,
+    network: Network,
+    metadata: dict[str, Any],
+    desc: str | None,
+    max_exceptions: int | float,
+    max_concurrent_groups: int | None,
+    errlog: TextIO | None,
+    filesystem: Filesystem,
+    sampling: art.RolloutSampling | None,
+    phase: int,
+) -> list[art.TrajectoryGroup]:
+    # rollout_group's groups, gathered together: the groups of a step run concurrently and
+    # share one exception budget.
+    groups = await art.gather_trajectory_groups(
+        (
+            art.TrajectoryGroup(
+                (
+                    rollout(
+                        model,
+                        agent,
+                        task,
+                        limits=limits,
+                        network=network,
+                        metadata=metadata,
+                        filesystem=filesystem,
+                        # Each run its own seed: by phase (a step, or validation), task, run.
+                        sampling=run_sampling(sampling, phase, t, i),
+                    )
+                    for i in range(n)
+                ),
+                metadata={"task": task_name(task)},
+            )
+            for t, task in enumerate(tasks)
+        ),
+        pbar_desc=desc,
+        max_exceptions=max_exceptions,
+        max_concurrent_groups=max_concurrent_groups,
+    )
+    _note_failures(groups, errlog)
+    return groups
+
+
+async def validate(
+    model: art.TrainableModel,
+    agent: CLIAgent,
+    tasks: Sequence[Task],
+    *,
+    rollouts_per_task: int = 1,
+    limits: Limits | None = None,
+    network: Network = "auto",
+    errlog: TextIO | None = None,
+    max_exceptions: int | float = 0.5,
+    max_concurrent_groups: int | None = None,
+    desc: str | None = "validate",
+    filesystem: Filesystem = "auto",
+    sampling: art.RolloutSampling | None = None,
+) -> list[art.TrajectoryGroup]:
+    """Run the agent ``rollouts_per_task`` times on every task; one group per task. With a
+    ``sampling`` seed, every validation pass draws the same seeds (a run before training
+    and its counterpart after differ by the adapter, not by luck).
+
+    Example:
+        >>> groups = await validate(model, cli.codex("codex"), load_tasks("tasks"))  # doctest: +SKIP
+        >>> ValSummary.of(0, groups).mean_reward  # doctest: +SKIP
+        0.25
+    """
+    return await _gather(
+        model,
+        agent,
+        tasks,
+        rollouts_per_task,
+        limits=limits,
+        network=network,
+        metadata={"split": "val"},
+        desc=desc,
+        max_exceptions=max_exceptions,
+        max_concurrent_groups=max_concurrent_groups,
+        errlog=errlog,
+        filesystem=filesystem,
+        sampling=sampling,
+        phase=VALIDATION_PHASE,
+    )
+
+
+async def train(
+    model: art.TrainableModel,
+    agent: CLIAgent,
+    tasks: Sequence[Task],
+    *,
+    val_tasks: Sequence[Task] | None = None,
+    steps: int = 10,
+    groups_per_step: int = 4,
+    rollouts_per_group: int = 4,
+    val_rollouts_per_task: int = 2,
+    config: art.TrainConfig | None = None,
+    limits: Limits | None = None,
+    network: Network = "auto",
+    seed: int = 0,
+    errlog: TextIO | None = None,
+    time_budget_s: float | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
+    max_exceptions: int | float = 0.25,
+    max_concurrent_groups: int | None = None,
+    filesystem: Filesystem = "auto",
+    sampling: art.RolloutSampling | None = None,
+) -> TrainReport:
+    """Train ``model`` (registered) so that ``agent`` solves ``tasks`` (see the module).
+
+    ``val_tasks`` default to the first 8 training tasks, each run ``val_rollouts_per_task``
+    times before the first step and after the last. ``config`` is an ``art.TrainConfig``
+    (default: ``learning_rate=1e-4``). ``limits`` and ``network`` go to every run
+    (``art_cli_agents.rollout``). Up to ``max_exceptions`` rollouts of a step (a count, or a
+    fraction when < 1) may raise before the step raises ``TooManyExceptions``; an agent that
+    exits with an error is not an exception, it is a run (scored by its check).
+    ``max_concurrent_groups`` bounds the groups whose runs go at once (None: all of a step).
+    ``errlog``: a line per run whose agent failed or timed out, and per rollout that raised.
+    ``time_budget_s``: no step starts once that much time has passed since the first
+    validation ended. ``on_step`` is called with each step's record. ``filesystem`` goes to
+    every run; ``sampling`` (``art.RolloutSampling``) too, with a seed of its own for each
+    run when it has one (validation passes repeat theirs: see ``validate``).
+
+    ``steps`` is the step to stop at: training resumes from the model's checkpoint step. A
+    step that trains nothing (every group scored alike) leaves the checkpoint step where it
+    was but still counts, so a reward nobody earns cannot keep the loop going.
+
+    Example:
+        >>> report = await cli.train(model, cli.codex("codex"), cli.load_tasks("tasks"),
+        ...                          steps=10)  # doctest: +SKIP
+        >>> print(report.table())  # doctest: +SKIP
+    """
+    if steps < 1 or groups_per_step < 1 or val_rollouts_per_task < 1:
+        raise ValueError("steps, groups_per_step and val_rollouts_per_task must be >= 1")
+    if rollouts_per_group < 2:
+        raise ValueError(
+            "rollouts_per_group must be >= 2: GRPO learns from the differences between the "
+            "runs of one task"
+        )
+    if time_budget_s is not None and time_budget_s < 0:
+        raise ValueError(f"time_budget_s must be >= 0, got {time_budget_s}")
+    tasks = list(tasks)
+    if not tasks:
+        raise ValueError("no tasks to train on")
+    val = list(val_tasks) if val_tasks is not None else tasks[:DEFAULT_VAL_TASKS]
+    if not val:
+        raise ValueError("no validation tasks")
+    config = config or art.TrainConfig(learning_rate=1e-4)
+    started = time.perf_counter()
+
+    async def run_val(desc: str) -> ValSummary:
+        step = await model.get_step()
+        groups = await validate(
+            model,
+            agent,
+            val,
+            rollouts_per_task=val_rollouts_per_task,
+            limits=limits,
+            network=network,
+            errlog=errlog,
+            max_concurrent_groups=max_concurrent_groups,
+            desc=desc,
+            filesystem=filesystem,
+            sampling=sampling,
+        )
+        await model.log(groups, split="val")
+        return ValSummary.of(step, groups)
+
+    before = await run_val("validate (before)")
+    training_started = time.perf_counter()
+    records: list[StepRecord] = []
+    first = await model.get_step()
+    step = first
+    bar = tqdm(
+        total=steps if time_budget_s is None else None,
+        initial=min(first, steps),
+        desc="cli train",
+        unit="step",
+    )
+    try:
+        # The schedule's position counts steps run, trained or not: a step that trained
+        # nothing leaves the checkpoint step, and must not pick the same tasks again.
+        for index in range(first, max(steps, first)):
+            if (
+                time_budget_s is not None
+                and time.perf_counter() - training_started >= time_budget_s
+            ):
+                tqdm.write(f"time budget of {time_budget_s / 60:.1f} min spent: no more steps")
+                break
+            chosen = tasks_for_step(tasks, index, groups_per_step, seed)
+            rollout_started = time.perf_counter()
+            groups = await _gather(
+                model,
+                agent,
+                chosen,
+                rollouts_per_group,
+                limits=limits,
+                network=network,
+                metadata={"split": "train", "step": step},
+                desc=f"step {step} rollouts",
+                max_exceptions=max_exceptions,
+                max_concurrent_groups=max_concurrent_groups,
+                errlog=errlog,
+                filesystem=filesystem,
+                sampling=sampling,
+                phase=index + 1,
+            )
+            rollout_s = time.perf_counter() - rollout_started
+            runs = [t for g in groups for t in g.trajectories]
+            agent_found = agent_diagnoses(groups)
+            train_started = time.perf_counter()
+            if runs:
+                result = await model.train(groups, config=config)
+                trained, trainer_reason = result.nothing_trained is None, result.nothing_trained
+                metrics, backend_found = dict(result.metrics), list(result.diagnoses)
+                new_step = result.step
+            else:  # every rollout raised, within the budget: nothing to hand the trainer
+                trained, trainer_reason, metrics, backend_found = False, None, {}, []
+                new_step = step
+            rewards = [t.reward for t in runs]
+            record = StepRecord(
+                step=step,
+                tasks=[task_name(task) for task in chosen],
+                reward=mean(rewards) if rewards else 0.0,
+                reward_std=pstdev(rewards) if rewards else 0.0,
+                rollouts=len(rewards),
+                failed=sum(len(g.exceptions) for g in groups),
+                groups=len(groups),
+                groups_with_signal=sum(
+                    1
+                    for g in groups
+                    if g.trajectories
+                    and max(t.reward for t in g.trajectories)
+                    - min(t.reward for t in g.trajectories)
+                    > EQUAL_WITHIN
+                ),
+                rollout_s=rollout_s,
+                train_s=time.perf_counter() - train_started,
+                trained=trained,
+                runs=RunStats.of(runs),
+                # The runs say why better than the trainer (which only sees equal rewards);
+                # its own reason covers the rest (e.g. runs whose calls it cannot match).
+                why_nothing_trained=None
+                if trained
+                else flat_reason(groups, agent_found) or trainer_reason,
+                metrics=metrics,
+                diagnoses=[*agent_found, *backend_found],
+            )
+            records.append(record)
+            bar.update(1)
+            bar.set_postfix(reward=f"{record.reward:.3f}")
+            tqdm.write(record.line())
+            if on_step is not None:
+                on_step(record)
+            step = new_step
+    finally:
+        bar.close()
+    training_s = time.perf_counter() - training_started
+    after = await run_val("validate (after)")
+    return TrainReport(
+        steps=records,
+        before=before,
+        after=after,
+        wall_s=time.perf_counter() - started,
+        training_s=training_s,
+    )

@@ -1,0 +1,129 @@
+"""Real command-line agents doing a real task with a real model, then a GRPO step on it.
+
+Codex CLI, Claude Code and opencode, unchanged (``bash run.sh test`` installs them, pinned),
+each run four times on one task with the real Qwen2.5-Coder-0.5B-Instruct (a hash-pinned
+GGUF from PyPI, ``art_core.embedded.qwen_gguf``; converted once into the shared models
+folder), in fp32 so that what it samples does not depend on the CPU's bf16 support. Each
+agent gets its preset for small models (``*_SMALL_MODEL_PROMPT``: its own system prompt is
+2-5k tokens a 0.5B model gets lost in) and a seeded rollout temperature
+(``art.RolloutSampling``): the runs of a group differ, and the same seed replays them. The
+check is real and fails on a wrong answer: some runs solve the task and some do not, and the
+GRPO step on the group changes the adapter.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import art_cli_agents as cli
+import pytest
+import pytest_asyncio
+from safetensors.torch import load_file
+
+import art_core as art
+from art_core.embedded import models_dir
+from art_core.embedded.qwen_gguf import fetch_qwen25_coder
+
+# The real 0.5B model: never beside another memory-heavy test under xdist; run.sh installs
+# the agents in the background while other tests run.
+pytestmark = [pytest.mark.slow, pytest.mark.memory_heavy, pytest.mark.needs_install("cli-agents")]
+
+ROOT = Path(__file__).parents[3]
+BIN = (
+    Path(os.environ.get("ART_CLI_AGENTS_DIR", ROOT / ".art" / "cli-agents"))
+    / "node_modules"
+    / ".bin"
+)
+TASK = cli.Task(
+    "Create a file named hello.txt in the current folder whose whole content is the word hello.",
+    # $(cat ...) drops the trailing newline: `echo hello > hello.txt` counts, "hello world"
+    # or a file elsewhere does not.
+    check='test "$(cat hello.txt)" = hello',
+)
+
+
+def binary(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        pytest.fail(
+            f"{path} is missing: `bash run.sh test` installs the command-line agents (npm), "
+            "or set ART_CLI_AGENTS_DIR to a folder where they are installed"
+        )
+    return str(path)
+
+
+# Each agent with its small-model preset, the rollout seed and temperature of its group
+# (chosen once by running: a seed decides the group's runs), and its time limit. Claude Code
+# and opencode stop after 3 turns; Codex has no such setting, and a 0.5B model rarely ends a
+# run by itself: it is stopped by the time limit, and the check scores what it left.
+AGENTS: dict[str, tuple[Callable[[], cli.CLIAgent], art.RolloutSampling, cli.Limits]] = {
+    "codex": (
+        lambda: cli.codex(binary("codex"), system_prompt=cli.CODEX_SMALL_MODEL_PROMPT),
+        art.RolloutSampling(seed=1, temperature=1.0),
+        cli.Limits(timeout_s=90),
+    ),
+    "claude": (
+        lambda: cli.claude_code(
+            binary("claude"),
+            max_output_tokens=512,
+            system_prompt=cli.CLAUDE_CODE_SMALL_MODEL_PROMPT,
+            max_turns=3,
+        ),
+        art.RolloutSampling(seed=1, temperature=1.0),
+        cli.Limits(timeout_s=240),
+    ),
+    "opencode": (
+        lambda: cli.opencode(
+            binary("opencode"),
+            max_output_tokens=512,
+            system_prompt=cli.OPENCODE_SMALL_MODEL_PROMPT,
+            max_turns=3,
+        ),
+        art.RolloutSampling(seed=1, temperature=1.0),
+        cli.Limits(timeout_s=240),
+    ),
+}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art.LocalBackend]:
+    """This module's own backend in fp32, closed after it (the 0.5B model does not stay
+    loaded for the rest of the session)."""
+    async with art.LocalBackend(path=tmp_path_factory.mktemp("cli-qwen"), dtype="float32") as local:
+        yield local
+
+
+def qwen_gguf() -> Path:
+    given = os.environ.get("ART_QWEN_GGUF")
+    return Path(given) if given else fetch_qwen25_coder(models_dir())
+
+
+@pytest.mark.parametrize("name", list(AGENTS))
+async def test_a_real_agent_solves_a_real_task_and_trains(
+    backend: art.LocalBackend, name: str
+) -> None:
+    make_agent, sampling, limits = AGENTS[name]
+    model = art.TrainableModel(name=f"qwen-{name}", project="cli", base_model=str(qwen_gguf()))
+    await model.register(backend)
+    group = await cli.rollout_group(model, make_agent(), TASK, 4, limits=limits, sampling=sampling)
+    report = "\n\n".join(
+        f"run {i}: reward {t.reward}, {len(t.calls)} calls\n" + "\n".join(t.logs)
+        for i, t in enumerate(group)
+    )
+    rewards = [t.reward for t in group]
+    # The real check ran on each run's own folder: some solved the task, some did not.
+    assert 1.0 in rewards and 0.0 in rewards, report
+    for trajectory in group:
+        assert trajectory.calls, report
+        assert name == "codex" or trajectory.metrics["timed_out"] is False, report
+        # The gateway applied the rollout's settings to every call, whatever the agent asked.
+        for call in trajectory.calls:
+            applied = call.request_params["rollout_sampling"]
+            assert applied["temperature"] == sampling.temperature, call.request_params
+    result = await model.train([group], config=art.TrainConfig(learning_rate=1e-4))
+    assert result.nothing_trained is None and await model.get_step() == 1, result
+    folder = backend.model_folder(model).checkpoint(1)
+    weights = load_file(str(folder / "adapter_model.safetensors"))
+    assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in weights.items())
