@@ -362,3 +362,31 @@ def test_a_strict_tool_closes_every_object_of_its_schema() -> None:
     assert parameters_of(tool) is schema  # not strict: as given
     strict = {"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}}
     assert parameters_of(strict) == out
+
+
+def test_a_bare_call_naming_no_tool_is_the_one_its_arguments_fit() -> None:
+    """What Qwen2.5-Coder-0.5B writes under Claude Code: a made-up name, the arguments of one
+    declared tool. The call is that tool's, marked as renamed; a call whose arguments fit no
+    tool, or several, stays text, as does one naming no tool inside the model's own markup."""
+    _, chat_format = family_format("qwen2.5")
+
+    def parse(text: str) -> Any:
+        return chat_format.parse(text, TOOLS, parses_tools=True, opened_reasoning=False)
+
+    renamed = parse(
+        '```json\n{"name": "weather_now", "arguments": {"city": "Oslo", "days": 2}}\n```'
+    )
+    [call] = renamed.tool_calls
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo", "days": 2}
+    assert renamed.parser == "bare_json_renamed"
+    # Its own name known: plain bare JSON, not renamed.
+    assert parse('{"name": "send", "arguments": {"to": "a", "urgent": true}}').parser == "bare_json"
+    for text in (
+        '{"name": "notify", "arguments": {"to": "a"}}',  # send needs `urgent` too
+        '{"name": "mystery", "arguments": {"city": "Oslo", "to": "a"}}',  # fits neither
+        '{"name": "mystery", "arguments": {}}',  # no arguments say which
+        '<tool_call>\n{"name": "weather_now", "arguments": {"city": "Oslo"}}\n</tool_call>',
+    ):
+        parsed = parse(text)
+        assert parsed.tool_calls == [] and parsed.content == text, text
