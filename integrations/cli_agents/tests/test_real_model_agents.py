@@ -60,8 +60,10 @@ def binary(name: str) -> str:
 
 # Each agent with its small-model preset, the rollout seed and temperature of its group
 # (chosen once by running: a seed decides the group's runs), and its time limit. Claude Code
-# and opencode stop after 3 turns; Codex has no such setting, and a 0.5B model rarely ends a
-# run by itself: it is stopped by the time limit, and the check scores what it left.
+# and opencode stop after 3 turns (their limit is far beyond what 3 turns take on one loaded
+# core: the turns end their runs, never the clock); Codex has no such setting, and a 0.5B
+# model rarely ends a run by itself: the time limit stops it, and the check scores what it
+# left (its solving run writes the file in its first calls).
 # The agents write today's date into their prompts: a seeded group replays only if that date
 # is always the same (art_cli_agents.clock). Claude Code and opencode run on a fixed clock;
 # Codex (a static binary libfaketime cannot reach) leaves its date out.
@@ -71,7 +73,7 @@ AGENTS: dict[str, tuple[Callable[[], cli.CLIAgent], art.RolloutSampling, cli.Lim
             binary("codex"), system_prompt=cli.CODEX_SMALL_MODEL_PROMPT, environment_context=False
         ),
         art.RolloutSampling(seed=1, temperature=1.0),
-        cli.Limits(timeout_s=90),
+        cli.Limits(timeout_s=120),
     ),
     "claude": (
         lambda: cli.fixed_clock(
@@ -82,8 +84,8 @@ AGENTS: dict[str, tuple[Callable[[], cli.CLIAgent], art.RolloutSampling, cli.Lim
                 max_turns=3,
             )
         ),
-        art.RolloutSampling(seed=1, temperature=1.0),
-        cli.Limits(timeout_s=240),
+        art.RolloutSampling(seed=2, temperature=1.0),
+        cli.Limits(timeout_s=600),
     ),
     "opencode": (
         lambda: cli.fixed_clock(
@@ -95,7 +97,7 @@ AGENTS: dict[str, tuple[Callable[[], cli.CLIAgent], art.RolloutSampling, cli.Lim
             )
         ),
         art.RolloutSampling(seed=1, temperature=1.0),
-        cli.Limits(timeout_s=240),
+        cli.Limits(timeout_s=600),
     ),
 }
 
