@@ -118,11 +118,16 @@ install_chromium() {
 }
 # The real-model command-line agent tests replay seeded runs: the agents write today's date
 # into their prompts, so their clock is fixed with Debian's libfaketime
-# (art_cli_agents.clock). apt waits for the Chromium install's lock.
+# (art_cli_agents.clock). After the Chromium install when one runs (one apt at a time; its
+# `apt-get update` is then done), else with an update of its own.
 install_faketime() {
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=900 faketime ||
-    { apt-get update -qq -o DPkg::Lock::Timeout=900 &&
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=900 faketime; }
+  local dir="$ART_TEST_INSTALLS_DIR" waited=0
+  while [ -f "$dir/chromium.log" ] && [ ! -f "$dir/chromium.status" ] && [ $waited -lt 900 ]; do
+    sleep 2
+    waited=$((waited + 2))
+  done
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime; }
 }
 
 # Lint, format and type checks; any finding fails (CI runs them through `test`).
