@@ -48,6 +48,7 @@ import os
 import platform
 import re
 import signal
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -60,6 +61,9 @@ RESERVED_PIDS = 300
 # before, the one pid_max of the whole machine).
 PID_MAX_PER_NAMESPACE = (6, 14)
 SHM_OPTIONS = "size=64m,mode=1777"
+# Entries of the host's /tmp a run does not see: runs' scratch folders (another run's files
+# would be one read away: a group's runs must not see each other's work) and the fixed path.
+HIDDEN_TMP_PREFIXES = ("art-cli-", "art-run")
 TMP_OPTIONS = "size=1g,mode=1777"
 # What stays read-only of the PID namespace's own /proc, which is otherwise left writable (an
 # agent's own sandbox, Codex's bubblewrap, writes /proc/self/uid_map): what reaches the whole
@@ -213,6 +217,26 @@ def seen_path(path: str, writable: Mapping[str, str]) -> str:
     return os.path.normpath(os.path.join(writable[folder], os.path.relpath(path, folder)))
 
 
+def _show_host_tmp(fd: int, entries: Sequence[str]) -> None:
+    """Bind each of ``entries`` of the host's ``/tmp`` (held open as ``fd``) at its place in
+    the private one, read-only as its source now is; a link is copied as a link. An entry
+    gone meanwhile, or one that cannot be bound, is left out."""
+    for name in entries:
+        source, target = f"/proc/self/fd/{fd}/{name}", f"/tmp/{name}"
+        try:
+            mode = os.lstat(source).st_mode
+            if stat.S_ISLNK(mode):
+                os.symlink(os.readlink(source), target)
+                continue
+            if stat.S_ISDIR(mode):
+                os.mkdir(target)
+            else:
+                os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o600))
+            _mount(source, target, None, MS_BIND | MS_REC)
+        except OSError:
+            continue
+
+
 def confine_filesystem(
     writable: Mapping[str, str],
     *,
@@ -232,6 +256,12 @@ def confine_filesystem(
     at their own paths, read-only."""
     _check_seen_at(writable, private_tmp)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the host
+    # The host's /tmp, to show again (read-only) under the private one: programs, virtual
+    # environments and checkouts live there too (a CI clone in /tmp: the agent's own binary).
+    host_tmp, host_entries = -1, []
+    if private_tmp and os.path.isdir("/tmp"):
+        host_tmp = os.open("/tmp", os.O_PATH | os.O_DIRECTORY)
+        host_entries = [e for e in os.listdir("/tmp") if not e.startswith(HIDDEN_TMP_PREFIXES)]
     # The folders and files, held open: a tmpfs over /tmp would hide them. Outer mount points
     # first: an inner one is bound inside the outer one's mount.
     order = sorted(writable, key=lambda folder: writable[folder])
@@ -251,6 +281,8 @@ def confine_filesystem(
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, SHM_OPTIONS)
     if private_tmp and os.path.isdir("/tmp"):
         _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, TMP_OPTIONS)
+        _show_host_tmp(host_tmp, host_entries)
+        os.close(host_tmp)
     for folder, fd in held.items():
         point = writable[folder]
         os.makedirs(point, exist_ok=True)  # its mount point, in the new /tmp

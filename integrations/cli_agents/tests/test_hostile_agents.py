@@ -349,3 +349,38 @@ new Worker("process.exit(0)", { eval: true }).on("exit", () => console.log("ok",
     )
     assert trajectory.metrics["exit_code"] == 0, trajectory.logs
     assert output(trajectory).startswith("ok /")
+
+
+async def test_programs_under_the_hosts_tmp_stay_reachable_but_other_runs_do_not(
+    cli_model: art.TrainableModel, tmp_path: Path
+) -> None:
+    """The run's private /tmp shows the host's /tmp read-only (a checkout, a virtual
+    environment or the agent itself may live there: a CI clone in /tmp), except the scratch
+    folders of runs (another run's work is not one read away)."""
+    if not filesystem_isolation():
+        pytest.fail("this test needs an isolated filesystem (Linux namespaces): none here")
+    program = Path(tempfile.mkdtemp(prefix="art-test-program-", dir="/tmp")) / "agent.sh"
+    other_run = Path(tempfile.mkdtemp(prefix="art-cli-other-", dir="/tmp"))
+    try:
+        (other_run / "solution.txt").write_text("the answer\n")
+        program.write_text(
+            "#!/bin/sh\n"
+            f"test -e {other_run}/solution.txt && echo other-run-visible\n"
+            f"echo edit > {program.parent}/edited 2>/dev/null || echo host-tmp-read-only\n"
+            "echo ran > ran.txt\n"
+        )
+        program.chmod(0o755)
+        trajectory = await cli.rollout(
+            cli_model,
+            cli.CLIAgent("under-tmp", [str(program)]),
+            cli.Task("run", check="test -f ran.txt"),
+        )
+        assert trajectory.metrics["filesystem_isolated"] and trajectory.reward == 1.0, (
+            trajectory.logs
+        )
+        said = output(trajectory)
+        assert "host-tmp-read-only" in said and "other-run-visible" not in said, said
+        assert not (program.parent / "edited").exists()
+    finally:
+        shutil.rmtree(program.parent, ignore_errors=True)
+        shutil.rmtree(other_run, ignore_errors=True)
