@@ -102,11 +102,12 @@ AGENTS: dict[str, tuple[Callable[[], cli.CLIAgent], art.RolloutSampling, cli.Lim
 }
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art.LocalBackend]:
-    """This module's own backend in fp32, closed after it (the 0.5B model does not stay
-    loaded for the rest of the session)."""
-    async with art.LocalBackend(path=tmp_path_factory.mktemp("cli-qwen"), dtype="float32") as local:
+@pytest_asyncio.fixture(loop_scope="session")
+async def backend(tmp_path: Path) -> AsyncIterator[art.LocalBackend]:
+    """Each test's own backend in fp32, closed after it: one agent's model and trainer (the
+    0.5B model, its fp32 training on 4 runs of 2-3k-token turns) are gone before the next
+    agent's load (three at once went past 22 GB and the kernel killed the worker)."""
+    async with art.LocalBackend(path=tmp_path / "cli-qwen", dtype="float32") as local:
         yield local
 
 
