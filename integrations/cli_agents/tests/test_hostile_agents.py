@@ -328,10 +328,11 @@ async def test_only_the_gateway_is_reachable(cli_model: art.TrainableModel) -> N
         assert "reached" in output(trajectory)
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="needs node")
 async def test_a_node_program_writes_its_home_and_tmpdir(cli_model: art.TrainableModel) -> None:
     """What Codex CLI and Claude Code (Node programs) need: $HOME/.codex, ~/.claude, TMPDIR,
     a child process, a worker thread."""
+    if shutil.which("node") is None:
+        pytest.fail("node is missing: the command-line agents need Node 20 (and so does this)")
     script = """
 const fs = require("fs"), os = require("os"), path = require("path");
 for (const dir of [".codex", ".claude"]) {

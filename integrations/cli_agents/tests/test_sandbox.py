@@ -70,10 +70,11 @@ def test_agents_refuse_config_paths_outside_home() -> None:
         cli.CLIAgent("x", [])
 
 
-@pytest.mark.skipif(not filesystem_isolation(), reason="needs filesystem isolation")
 async def test_an_isolated_command_sees_its_folders_where_it_is_told(tmp_path: Path) -> None:
     """``seen_at``: its folder bound at another path in its own /tmp, where it starts (PWD
     too); nothing made at that path on this machine."""
+    if not filesystem_isolation():
+        pytest.fail("this test needs an isolated filesystem (Linux namespaces): none here")
     made_here = RUN_ROOT.exists()
     (tmp_path / "work" / "sub").mkdir(parents=True)
     seen = RUN_ROOT / "work"
