@@ -7,8 +7,8 @@ Qwen2.5-Coder-0.5B-Instruct (``--base-model``; its GGUF is fetched once into the
 folder) is trained by ``art_cli_agents.train`` on the example tasks
 (``examples/cli_agents/tasks``, ``--tasks``): ``--steps`` GRPO steps of ``--groups-per-step``
 tasks x ``--n`` runs, sampled at ``--temperature`` with per-run seeds from ``--seed``, each run
-bounded by ``--timeout`` seconds; the same tasks, ``--n`` runs each, validate before the first
-step and after the last. Each agent uses its small-model preset (a short system prompt naming
+bounded by ``--timeout`` seconds, ``--concurrent-groups`` groups at a time (1); the same
+tasks, ``--n`` runs each, validate before the first step and after the last. Each agent uses its small-model preset (a short system prompt naming
 its tools, answers capped at 512 tokens and 3 turns for Claude Code and opencode);
 ``--own-prompts`` keeps the agents' own system prompts instead (2-5k tokens).
 
@@ -332,8 +332,14 @@ async def run_agent(
         groups_per_step=args.groups_per_step,
         rollouts_per_group=args.n,
         val_rollouts_per_task=args.n,
-        config=art.TrainConfig(learning_rate=args.learning_rate, precision=precision),
+        config=art.TrainConfig(
+            learning_rate=args.learning_rate,
+            precision=precision,
+            max_tokens_per_batch=args.max_tokens_per_batch,
+            gradient_checkpointing=True,
+        ),
         limits=cli.Limits(timeout_s=args.timeout),
+        max_concurrent_groups=args.concurrent_groups,
         seed=args.seed,
         sampling=art.RolloutSampling(seed=args.seed, temperature=args.temperature),
         errlog=sys.stderr,
@@ -365,6 +371,8 @@ async def run_agent(
             "temperature": args.temperature,
             "seed": args.seed,
             "timeout_s": args.timeout,
+            "concurrent_groups": args.concurrent_groups,
+            "max_tokens_per_batch": args.max_tokens_per_batch,
             "learning_rate": args.learning_rate,
             "smoke": args.smoke,
         },
@@ -632,6 +640,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per run")
+    parser.add_argument(
+        "--concurrent-groups",
+        type=int,
+        default=1,
+        help="groups whose runs go at once (default 1: a group's runs together, groups one "
+        "after another, so a run's time limit is not spent waiting for other groups' calls)",
+    )
+    parser.add_argument(
+        "--max-tokens-per-batch",
+        type=int,
+        default=8192,
+        help="a micro-batch's token budget (TrainConfig; default 8192 with recomputed "
+        "activations: a group of 8 runs and its 2-3k-token shared prompt in one row)",
+    )
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument(
         "--own-prompts",
@@ -661,8 +683,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(
                 f"--agents: {', '.join(unknown) or 'none'}; choose from {', '.join(AGENTS)}"
             )
-    if min(args.steps, args.groups_per_step) < 1:
-        parser.error("--steps and --groups-per-step must be at least 1")
+    if min(args.steps, args.groups_per_step, args.concurrent_groups) < 1:
+        parser.error("--steps, --groups-per-step and --concurrent-groups must be at least 1")
     if args.n < 2:
         parser.error("--n must be at least 2 (GRPO compares a task's runs)")
     args.dtype_default = args.dtype is None

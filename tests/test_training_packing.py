@@ -186,6 +186,33 @@ def test_a_group_sharing_its_prompt_fits_more_rollouts_per_row() -> None:
     assert sum(b.num_sequences for b in split) == 8
 
 
+def test_sequences_sharing_only_a_system_prompt_are_packed_by_what_they_share(model) -> None:  # type: ignore[no-untyped-def]
+    """An agent's runs: every sequence starts with its system prompt, and a later call whose
+    history the chat template rewrote starts a sequence of its own, with a longer context
+    before its first trained token. Costed by what they share (the system prompt once), the
+    five fit one row; costed per distinct prompt they took two."""
+    system = list(range(100, 140))  # 40 tokens
+    first_turn = [*system, 41, 42]
+    rewritten = [*system, 51, 52, 53, 54, 55, 56]
+    examples = [example(50, seed, prompt=first_turn) for seed in range(3)]
+    examples += [example(56, seed, prompt=rewritten) for seed in (3, 4)]
+    # 42 + 3 * 8 for the first turns, 56 - 40 and 56 - 46 for the rewritten ones.
+    (batch,) = make_micro_batches(examples, max_tokens=128)
+    assert (batch.num_sequences, batch.num_tokens) == (5, 92)
+    assert batch.input_ids.shape[1] == 92
+    # Each sequence still sees exactly its own context.
+    logits = packed_logits(model, batch)
+    # Packed in prefix order (sorted by token ids).
+    order = sorted(examples, key=lambda ex: ex.sequence.token_ids)
+    expected = torch.cat([alone_logits(model, ex) for ex in order])
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-4)
+    # Under a smaller budget the chain is cut, and no row passes it.
+    split = make_micro_batches(examples, max_tokens=64)
+    assert all(b.num_tokens <= 64 for b in split)
+    assert sum(b.num_sequences for b in split) == 5
+    assert sum(b.num_trainable_tokens for b in split) == batch.num_trainable_tokens
+
+
 def test_examples_without_trained_tokens_are_dropped() -> None:
     context_only = TrainingExample(TokenSequence([1, 2, 3], [False] * 3, [0.0] * 3), 1.0, 1.0)
     assert make_micro_batches([context_only], max_tokens=64) == []

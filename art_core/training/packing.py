@@ -378,24 +378,36 @@ def pad_rows(examples: Sequence[TrainingExample], *, pad_token_id: int = 0) -> M
 def _prefix_units(
     examples: Sequence[TrainingExample], max_tokens: int
 ) -> list[tuple[list[TrainingExample], int]]:
-    """Examples grouped by the context before their first trained token (the rollouts of
-    a group share their prompt), split to fit the budget, each with its token cost when
-    the prompt is stored once."""
-    by_prefix: dict[tuple[int, ...], list[TrainingExample]] = {}
-    for example in examples:
-        key = tuple(example.sequence.token_ids[: first_trained_index(example.sequence)])
-        by_prefix.setdefault(key, []).append(example)
+    """Examples in prefix order, cut into units whose members share a leading context, each
+    unit within the budget, with its token cost when every shared context is stored once.
+
+    Sorted by their token ids, sequences that start alike are neighbours, and the longest
+    prefix a sequence shares with any sequence before it is the one it shares with its
+    neighbour. So a sequence costs its length minus what it can share with its neighbour
+    (``_place`` reuses at least that much). This shares more than the prompt of a group:
+    every sequence of an agent's runs starts with its system prompt, including the later
+    calls of a run whose history the chat template rewrote (they start a sequence of their
+    own, ``assemble_sequences``) and the runs of other tasks.
+
+    Example:
+        >>> system = [7] * 8
+        >>> a = TokenSequence(system + [1, 2], [False] * 9 + [True], [0.0] * 10)
+        >>> b = TokenSequence(system + [3, 4, 5], [False] * 10 + [True], [0.0] * 11)
+        >>> [(len(unit), cost) for unit, cost in _prefix_units(
+        ...     [TrainingExample(a, 1.0, 1.0), TrainingExample(b, 1.0, 1.0)], max_tokens=64)]
+        [(2, 13)]
+    """
     units: list[tuple[list[TrainingExample], int]] = []
-    for key, members in by_prefix.items():
-        current: list[TrainingExample] = []
-        cost = 0
-        for example in sorted(members, key=len, reverse=True):
-            extra = len(example) - (len(key) if current else 0)
-            if current and cost + extra > max_tokens:
-                units.append((current, cost))
-                current, cost, extra = [], 0, len(example)
-            current.append(example)
-            cost += extra
+    current: list[TrainingExample] = []
+    cost = 0
+    for example in sorted(examples, key=lambda e: e.sequence.token_ids):
+        shared = shareable_prefix(example.sequence, current[-1].sequence) if current else 0
+        if current and (shared == 0 or cost + len(example) - shared > max_tokens):
+            units.append((current, cost))
+            current, cost, shared = [], 0, 0
+        current.append(example)
+        cost += len(example) - shared
+    if current:
         units.append((current, cost))
     return units
 
@@ -412,8 +424,8 @@ def make_micro_batches(
     """Split examples into micro-batches of at most ``max_tokens`` tokens each.
 
     With ``packing``, each micro-batch is one packed row (first-fit decreasing); with
-    ``share_prefixes`` too, rollouts with the same prompt go to the same row and the prompt
-    is counted (and run) once. Without packing, sequences of similar length are padded into
+    ``share_prefixes`` too, sequences that start alike (a group's prompt, an agent's system
+    prompt) go to the same row and their common start is counted (and run) once. Without packing, sequences of similar length are padded into
     rows and ``rows * longest <= max_tokens``. Examples with no trained token are dropped:
     they would cost a forward pass for nothing.
 

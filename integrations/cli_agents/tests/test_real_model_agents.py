@@ -67,7 +67,8 @@ def binary(name: str) -> str:
 # and opencode stop after 3 turns (their limit is far beyond what 3 turns take on one loaded
 # core: the turns end their runs, never the clock); Codex has no such setting, and a 0.5B
 # model rarely ends a run by itself: the time limit stops it, and the check scores what it
-# left (its solving run writes the file in its first calls).
+# left. Its solving run writes the file in its first call (done 13 s into the run alone on
+# this 2-core machine, then it repeats that call); 60 s leaves it 4x that.
 # The agents write today's date into their prompts: a seeded group replays only if that date
 # is always the same (art_cli_agents.clock). Claude Code and opencode run on a fixed clock;
 # Codex (a static binary libfaketime cannot reach) leaves its date out.
@@ -77,7 +78,7 @@ AGENTS: dict[str, tuple[Callable[[], cli.CLIAgent], art.RolloutSampling, cli.Lim
             binary("codex"), system_prompt=cli.CODEX_SMALL_MODEL_PROMPT, environment_context=False
         ),
         art.RolloutSampling(seed=1, temperature=1.0),
-        cli.Limits(timeout_s=120),
+        cli.Limits(timeout_s=60),
     ),
     "claude": (
         lambda: cli.fixed_clock(
@@ -142,8 +143,12 @@ async def test_a_real_agent_solves_a_real_task_and_trains(
         for call in trajectory.calls:
             applied = call.request_params["rollout_sampling"]
             assert applied["temperature"] == sampling.temperature, call.request_params
-    # Recomputed activations: the fp32 step on 4 runs of 2-3k-token turns stays a few GB.
-    config = art.TrainConfig(learning_rate=1e-4, gradient_checkpointing=True)
+    # Recomputed activations: the fp32 step on 4 runs of 2-3k-token turns stays a few GB, so
+    # one micro-batch holds the whole group, its shared prompt run once (a budget of 4096
+    # tokens cut opencode's group in two and ran its 2.8k-token prompt twice).
+    config = art.TrainConfig(
+        learning_rate=1e-4, gradient_checkpointing=True, max_tokens_per_batch=8192
+    )
     result = await model.train([group], config=config)
     assert result.nothing_trained is None and await model.get_step() == 1, result
     folder = backend.model_folder(model).checkpoint(1)
