@@ -4,6 +4,7 @@
 #   bash run.sh demo [args]   the main demo on the embedded model (offline): a question, then
 #                             GRPO training on an MCP server's tools with a before/after table
 #   bash run.sh check         the checks: ruff (lint and format) and mypy, core and integrations
+#   bash run.sh typecheck     only mypy
 #   bash run.sh test [args]   the checks, then the whole test suite: core and every integration
 #   bash run.sh bench NAME    a benchmark script from benchmarks/
 #   bash run.sh gpu-bundle [DIR]     the wheels a GPU machine without network lacks (into .whl/)
@@ -78,9 +79,12 @@ print_phases() {
   echo "== phases (wall time; background installs overlap the others)"
   printf '%s\n' "${PHASES[@]}"
   local f
+  local name
   for f in "$ART_TEST_INSTALLS_DIR"/*.status; do
     [ -f "$f" ] || continue
-    printf '%-22s %6s s  %s\n' "install $(basename "$f" .status)" \
+    name="$(basename "$f" .status)"
+    case "$name" in check-*) ;; *) name="install $name" ;; esac
+    printf '%-22s %6s s  %s\n' "$name" \
       "$(cat "${f%.status}.seconds" 2>/dev/null || echo '?')" \
       "$([ "$(cat "$f")" = 0 ] && echo ok || echo "FAILED ($(cat "$f"), see ${f%.status}.log)")"
   done
@@ -132,12 +136,23 @@ install_faketime() {
 
 # Lint, format and type checks; any finding fails (CI runs them through `test`).
 check() {
+  lint
+  typecheck
+}
+lint() {
+  "$VENV/bin/python" -m ruff check .
+  "$VENV/bin/python" -m ruff format --check .
+}
+# The type check at the lowest CPU priority (the subshell and mypy under it).
+typecheck_idle() {
+  renice -n 19 -p "$BASHPID" >/dev/null
+  typecheck
+}
+typecheck() {
   local packages=(art_core)
   for d in $(integrations); do
     for p in "$d"/art_*/; do [ -f "${p}__init__.py" ] && packages+=("${p%/}"); done
   done
-  "$VENV/bin/python" -m ruff check .
-  "$VENV/bin/python" -m ruff format --check .
   "$VENV/bin/python" -m mypy "${packages[@]}"
 }
 
@@ -222,6 +237,10 @@ case "$command" in
     setup
     check
     ;;
+  typecheck)
+    setup
+    typecheck
+    ;;
   test)
     # The installs only some tests need run in the background while the checks and the tests
     # run; a test that needs one waits for it (needs_install, art_core.testing.installs).
@@ -242,7 +261,13 @@ case "$command" in
     background_install phoenix "$VENV/bin/art-core" tracing install phoenix
     # The verifiers integration's tests run verifiers from its own venv (its pins clash).
     background_install verifiers "$VENV/bin/art-core" verifiers install
-    phase check check
+    # Lint first (seconds: a finding fails before any test runs). The type check takes about
+    # 90 s without its cache (a fresh clone, CI): it runs beside the tests at the lowest CPU
+    # priority, so it takes a core only when a test leaves one idle (a test waiting on a
+    # server or an install, a worker done with its modules) and barely slows one that
+    # computes; its finding fails `test` as a failed test does.
+    phase lint lint
+    background_install check-mypy typecheck_idle
     paths=(tests)
     for d in $(integrations); do [ -d "$d/tests" ] && paths+=("$d/tests"); done
     # Side by side: one worker per core this process may use (each pinned to its own core,
@@ -256,6 +281,11 @@ case "$command" in
     phase pytest "$VENV/bin/python" -m pytest -n "$workers" --dist loadscope --no-loadscope-reorder --durations=40 -rs \
       "${paths[@]}" "$@" || status=$?
     wait_background_installs
+    if [ "$(cat "$ART_TEST_INSTALLS_DIR/check-mypy.status")" != 0 ]; then
+      echo "== mypy found errors ($ART_TEST_INSTALLS_DIR/check-mypy.log):"
+      tail -n 60 "$ART_TEST_INSTALLS_DIR/check-mypy.log"
+      status=1
+    fi
     print_phases
     exit "$status"
     ;;
@@ -273,7 +303,7 @@ case "$command" in
     gpu_check "${1:-gpu-out}"
     ;;
   *)
-    echo "usage: bash run.sh {demo|check|test|bench NAME|gpu-bundle [DIR]|gpu-check [OUT_DIR]} [args]" >&2
+    echo "usage: bash run.sh {demo|check|typecheck|test|bench NAME|gpu-bundle [DIR]|gpu-check [OUT_DIR]} [args]" >&2
     exit 2
     ;;
 esac

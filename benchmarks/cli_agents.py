@@ -73,8 +73,6 @@ AGENTS = ("codex", "claude", "opencode")
 NPM_NAMES = {"codex": "codex", "claude": "claude", "opencode": "opencode"}
 # The phases whose engine counters are read, in order.
 PHASES = ("validation before", "training", "validation after")
-# A run solved its task at a full reward (as art_cli_agents.report counts it).
-SOLVED_AT = 0.999
 
 # --smoke's agent: two chat calls to the run's gateway (the second a later turn, sent with
 # the first's answer), as a real agent reads its URL, key and model from the environment. It
@@ -257,6 +255,9 @@ def _estimate(value: Any) -> dict[str, float] | None:
 
 
 def _solved_by_task(groups: Sequence[Any]) -> dict[str, dict[str, int]]:
+    # art_core is imported where it is used: ``--table`` reads a JSON file and needs none of it.
+    from art_core.evals.before_after import SOLVED_AT
+
     out: dict[str, dict[str, int]] = {}
     for g in groups:
         name = str(g.metadata.get("task", "?"))

@@ -13,6 +13,7 @@ import random
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Generic, Literal, TypeVar
 
+from art_core.epochs import epoch_order
 from art_core.gather import AfterEach
 from art_core.sampling.history import ScenarioHistory
 from art_core.sampling.loop import OVER_BUDGET, GroupJob, gather_groups_with_signal
@@ -210,8 +211,7 @@ class ScenarioSampler(Generic[Scenario]):
             while True:
                 epoch, offset = divmod(self.position, count)
                 if epoch != shuffled_epoch:
-                    permutation = list(range(count))
-                    random.Random(self.seed * 1_000_003 + epoch).shuffle(permutation)
+                    permutation = epoch_order(count, self.seed, epoch)
                     shuffled_epoch = epoch
                 self.position += 1
                 yield permutation[offset]

@@ -23,7 +23,6 @@ Example:
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 
+from art_core.epochs import epoch_order
 from art_core.training.config import SFTConfig
 from art_core.training.loss import LossOutput
 from art_core.training.packing import MicroBatch, TrainingExample, make_micro_batches
@@ -186,9 +186,11 @@ def plan_sft(
         rates = learning_rate_schedule(total, config.learning_rate, config.schedule_type, warmup)
     updates: list[SFTUpdate] = []
     for epoch in range(config.epochs):
-        order = list(range(len(records)))
-        if config.shuffle:
-            random.Random(config.seed * 1_000_003 + epoch).shuffle(order)
+        order = (
+            epoch_order(len(records), config.seed, epoch)
+            if config.shuffle
+            else list(range(len(records)))
+        )
         for start in range(0, len(order), batch_size):
             updates.append(SFTUpdate(epoch, rates[len(updates)], order[start : start + batch_size]))
     return SFTPlan(

@@ -2,7 +2,7 @@
 table printed at the end of training, and why a step had nothing to learn from.
 
 The table states mean reward and solved share with their 95% bootstrap intervals, resampled
-by task (``art_core.evals.stats``): the runs of one task succeed or fail together, so it is
+by task (``art_core.evals.before_after``): the runs of one task succeed or fail together, so it is
 the number of tasks, not of runs, that says how far a difference can be trusted.
 
 The agent-level diagnoses (``agent_diagnoses``) read what ``art_core.diagnoses`` cannot know:
@@ -14,16 +14,23 @@ the same step records and the same final table as the backend's own.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from statistics import mean
 
 import art_core as art
 from art_core.diagnoses import Diagnosis
-from art_core.evals.stats import Estimate, estimate
+from art_core.evals.before_after import (
+    SOLVED_AT,
+    Row,
+    mean_reward_by_task,
+    reward_rows,
+    solved_by_task,
+    solved_share,
+)
+from art_core.evals.before_after import before_after_table as _table
+from art_core.evals.stats import Estimate
 
-# A run solved its task at a full reward (float noise allowed).
-SOLVED_AT = 0.999
 # Rewards closer than this are equal (as the trainer sees a group without advantage).
 EQUAL_WITHIN = 1e-9
 # The agent-level rules fire past these shares of a step's runs: a few runs that crashed or
@@ -113,8 +120,7 @@ class ValSummary:
     @property
     def solved(self) -> float:
         """The share of runs with a full reward (>= ``SOLVED_AT``)."""
-        rewards = self.rewards
-        return sum(r >= SOLVED_AT for r in rewards) / len(rewards) if rewards else 0.0
+        return solved_share(self.rewards)
 
     def mean_reward_interval(self, *, seed: int = 0) -> Estimate | None:
         """``mean_reward`` (a mean over runs) with its 95% interval, resampled by task; None
@@ -124,20 +130,12 @@ class ValSummary:
             >>> str(ValSummary(0, [[1.0, 1.0], [0.0]]).mean_reward_interval())
             '0.667 [0.000, 1.000]'
         """
-        return self._interval(mean, seed)
+        return mean_reward_by_task(self.tasks, seed=seed)
 
     def solved_interval(self, *, seed: int = 0) -> Estimate | None:
         """``solved`` (a share of runs) with its 95% interval, resampled by task; None without
         runs."""
-        return self._interval(lambda runs: sum(r >= SOLVED_AT for r in runs) / len(runs), seed)
-
-    def _interval(self, per_task: Callable[[list[float]], float], seed: int) -> Estimate | None:
-        groups = [runs for runs in self.tasks if runs]
-        if not groups:
-            return None
-        # Weighted by runs: the value is the per-run number the properties give.
-        values = [per_task(runs) for runs in groups]
-        return estimate(values, weights=[len(runs) for runs in groups], seed=seed)
+        return solved_by_task(self.tasks, seed=seed)
 
     @classmethod
     def of(cls, step: int, groups: Sequence[art.TrajectoryGroup]) -> ValSummary:
@@ -153,12 +151,6 @@ class ValSummary:
             failed_rollouts=sum(len(g.exceptions) for g in groups),
             runs=RunStats.of(t for g in groups for t in g.trajectories),
         )
-
-
-def _with_interval(value: Estimate | None, *, percent: bool) -> str:
-    if value is None:
-        return "no runs"
-    return value.percent() if percent else str(value)
 
 
 def _count(count: int, runs: int) -> str:
@@ -185,18 +177,8 @@ def before_after_table(before: ValSummary, after: ValSummary, *, title: str = ""
         tasks                                           2                       2
         [low, high]: 95% bootstrap intervals, resampled by task
     """
-    left, right = f"before (step {before.step})", f"after (step {after.step})"
-    rows = [
-        (
-            "mean reward",
-            _with_interval(before.mean_reward_interval(), percent=False),
-            _with_interval(after.mean_reward_interval(), percent=False),
-        ),
-        (
-            "solved (reward = 1)",
-            _with_interval(before.solved_interval(), percent=True),
-            _with_interval(after.solved_interval(), percent=True),
-        ),
+    rows: list[Row] = [
+        *reward_rows(before.tasks, after.tasks),
         (
             "agent exit status != 0",
             _count(before.runs.nonzero_exits, before.runs.runs),
@@ -225,12 +207,7 @@ def before_after_table(before: ValSummary, after: ValSummary, *, title: str = ""
             str(sum(1 for runs in after.tasks if runs)),
         ),
     ]
-    width = max(len(left), len(right), *(len(cell) for _, a, b in rows for cell in (a, b)))
-    lines = [title] if title else []
-    lines.append(f"{'metric':<27}  {left:>{width}}  {right:>{width}}")
-    lines += [f"{name:<27}  {a:>{width}}  {b:>{width}}" for name, a, b in rows]
-    lines.append("[low, high]: 95% bootstrap intervals, resampled by task")
-    return "\n".join(lines)
+    return _table(before.step, after.step, rows, unit="task", title=title, name_width=27)
 
 
 def _stderr_line(trajectory: art.Trajectory) -> str | None:

@@ -15,7 +15,6 @@ diagnoses the backend returns (``art_core.diagnoses``).
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from art_cli_agents.rollout import Task, rollout, run_sampling
 from art_cli_agents.sandbox import Filesystem, Limits, Network
 from art_cli_agents.tasks import task_name
 from art_core.diagnoses import Diagnosis, RunDiagnoses
+from art_core.epochs import items_for_step
 
 # Validation defaults to this many of the training tasks (the first ones).
 DEFAULT_VAL_TASKS = 8
@@ -149,13 +149,7 @@ def tasks_for_step(
     """
     if not tasks:
         raise ValueError("no tasks to train on")
-    chosen = []
-    for index in range(step * groups_per_step, (step + 1) * groups_per_step):
-        epoch, position = divmod(index, len(tasks))
-        order = list(range(len(tasks)))
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        chosen.append(tasks[order[position]])
-    return chosen
+    return items_for_step(tasks, step, groups_per_step, seed)
 
 
 def _note_failures(groups: Sequence[art.TrajectoryGroup], errlog: TextIO | None) -> None:

@@ -1,21 +1,25 @@
 """Summaries of validation passes and the before/after table printed at the end of training.
 
 The table states mean reward and solved share with their 95% bootstrap intervals, resampled
-by scenario (``art_core.evals.stats``): the runs of one scenario succeed or fail together, so
+by scenario (``art_core.evals.before_after``): the runs of one scenario succeed or fail together, so
 it is the number of scenarios, not of runs, that says how far a difference can be trusted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import mean
 
 import art_core as art
-from art_core.evals.stats import Estimate, estimate
-
-# A run solved its scenario at a full reward (float noise allowed).
-SOLVED_AT = 0.999
+from art_core.evals.before_after import (
+    Row,
+    mean_reward_by_task,
+    reward_rows,
+    solved_by_task,
+    solved_share,
+)
+from art_core.evals.before_after import before_after_table as _table
+from art_core.evals.stats import Estimate
 
 
 @dataclass
@@ -41,9 +45,7 @@ class ValSummary:
     @property
     def solved(self) -> float:
         """The share of runs with a full reward (>= 0.999)."""
-        return (
-            sum(r >= SOLVED_AT for r in self.rewards) / len(self.rewards) if self.rewards else 0.0
-        )
+        return solved_share(self.rewards)
 
     def by_scenario(self) -> list[list[float]]:
         """The rewards grouped by scenario (scenarios without a finished run left out)."""
@@ -58,20 +60,12 @@ class ValSummary:
             >>> str(ValSummary(0, [1.0, 1.0, 0.0], scenarios=[[1.0, 1.0], [0.0]]).mean_reward_interval())
             '0.667 [0.000, 1.000]'
         """
-        return self._interval(mean, seed)
+        return mean_reward_by_task(self.by_scenario(), seed=seed)
 
     def solved_interval(self, *, seed: int = 0) -> Estimate | None:
         """``solved`` (a share of runs) with its 95% interval, resampled by scenario; None
         without runs."""
-        return self._interval(lambda runs: sum(r >= SOLVED_AT for r in runs) / len(runs), seed)
-
-    def _interval(self, per_scenario: Callable[[list[float]], float], seed: int) -> Estimate | None:
-        groups = self.by_scenario()
-        if not groups:
-            return None
-        # Weighted by runs: the value is the per-run number the summary's properties give.
-        values = [per_scenario(runs) for runs in groups]
-        return estimate(values, weights=[len(runs) for runs in groups], seed=seed)
+        return solved_by_task(self.by_scenario(), seed=seed)
 
     @classmethod
     def of(cls, step: int, groups: list[art.TrajectoryGroup]) -> ValSummary:
@@ -95,12 +89,6 @@ class ValSummary:
         return summary
 
 
-def _with_interval(value: Estimate | None, *, percent: bool) -> str:
-    if value is None:
-        return "no runs"
-    return value.percent() if percent else str(value)
-
-
 def before_after_table(before: ValSummary, after: ValSummary, *, title: str = "") -> str:
     """A plain-text table comparing two validation passes; mean reward and solved share with
     their 95% bootstrap intervals, resampled by scenario.
@@ -119,18 +107,8 @@ def before_after_table(before: ValSummary, after: ValSummary, *, title: str = ""
         scenarios                                  2                       2
         [low, high]: 95% bootstrap intervals, resampled by scenario
     """
-    left, right = f"before (step {before.step})", f"after (step {after.step})"
-    rows = [
-        (
-            "mean reward",
-            _with_interval(before.mean_reward_interval(), percent=False),
-            _with_interval(after.mean_reward_interval(), percent=False),
-        ),
-        (
-            "solved (reward = 1)",
-            _with_interval(before.solved_interval(), percent=True),
-            _with_interval(after.solved_interval(), percent=True),
-        ),
+    rows: list[Row] = [
+        *reward_rows(before.by_scenario(), after.by_scenario()),
         ("finished the task", f"{before.completed:.1%}", f"{after.completed:.1%}"),
         ("tool calls per run", f"{before.tool_calls:.2f}", f"{after.tool_calls:.2f}"),
         ("tool errors per run", f"{before.tool_errors:.2f}", f"{after.tool_errors:.2f}"),
@@ -141,9 +119,4 @@ def before_after_table(before: ValSummary, after: ValSummary, *, title: str = ""
         ),
         ("scenarios", str(len(before.by_scenario())), str(len(after.by_scenario()))),
     ]
-    width = max(len(left), len(right), *(len(cell) for _, a, b in rows for cell in (a, b)))
-    lines = [title] if title else []
-    lines.append(f"{'metric':<22}  {left:>{width}}  {right:>{width}}")
-    lines += [f"{name:<22}  {a:>{width}}  {b:>{width}}" for name, a, b in rows]
-    lines.append("[low, high]: 95% bootstrap intervals, resampled by scenario")
-    return "\n".join(lines)
+    return _table(before.step, after.step, rows, unit="scenario", title=title)

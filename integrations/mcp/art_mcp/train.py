@@ -21,7 +21,6 @@ warm start can be compared at the same wall time.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from tqdm.auto import tqdm
 
 import art_core as art
 from art_core.diagnoses import Diagnosis, RunDiagnoses
+from art_core.epochs import items_for_step
 from art_mcp.report import ValSummary, before_after_table
 from art_mcp.rollout import RewardFn, RolloutSettings, rollout
 from art_mcp.scenarios import Scenario
@@ -114,13 +114,7 @@ def scenarios_for_step(
     """
     if not scenarios:
         raise ValueError("no scenarios to train on")
-    chosen = []
-    for index in range(step * groups_per_step, (step + 1) * groups_per_step):
-        epoch, position = divmod(index, len(scenarios))
-        order = list(range(len(scenarios)))
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        chosen.append(scenarios[order[position]])
-    return chosen
+    return items_for_step(scenarios, step, groups_per_step, seed)
 
 
 async def validate(
