@@ -741,8 +741,7 @@ def _needs_model(block: Block) -> bool:
 
 
 def _marks(block: Block) -> list[pytest.MarkDecorator]:
-    """slow for a block with a model; the background installs it needs (run.sh test); the
-    real 0.5B model never beside another memory-heavy test."""
+    """slow for a block with a model; the background installs it needs (run.sh test)."""
     marks = [pytest.mark.slow] if _needs_model(block) else []
     needs = re.findall(r'TracingServer\("(\w+)"\)', block.source)
     if "cli_agents" in block.given():
@@ -751,8 +750,7 @@ def _marks(block: Block) -> list[pytest.MarkDecorator]:
         needs.append("verifiers")
     if needs:
         marks.append(pytest.mark.needs_install(*needs))
-    if "qwen_model" in block.given():
-        marks.append(pytest.mark.memory_heavy)
+    # No block is memory-heavy: given=qwen_model is tiny-qwen2.5 (random weights, megabytes).
     return marks
 
 

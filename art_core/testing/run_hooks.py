@@ -6,7 +6,7 @@ default timeouts and what a hung test leaves behind (``hangs``), and the order o
 not in module globals.
 
 Module order: heaviest first, so the long modules start early and the workers finish
-together. ``$ART_TEST_DURATIONS`` names a JSON file ``{module path from the rootdir: seconds}``
+together; a module with a ``whole_machine`` test last (it waits for the other worker's test). ``$ART_TEST_DURATIONS`` names a JSON file ``{module path from the rootdir: seconds}``
 (``tests/durations.json`` in this repository); modules it does not name run after, in
 collection order. A module with a ``needs_install`` test starts no earlier than after
 ``INSTALL_HEADSTART_S`` seconds of other modules' work, so the workers do not sit waiting for
@@ -59,10 +59,19 @@ def order_by_weight(
     weights: dict[str, float],
     deferred: set[str] = frozenset(),  # type: ignore[assignment]
     headstart_s: float = INSTALL_HEADSTART_S,
+    last: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> list[str]:
     """``modules`` (each once) heaviest first, the ones without a weight after in their own
-    order; each of ``deferred`` no earlier than after ``headstart_s`` of the others' weight."""
+    order; each of ``deferred`` no earlier than after ``headstart_s`` of the others' weight;
+    ``last`` after all the others (heaviest first among them).
+
+    Example:
+        >>> order_by_weight(["a.py", "b.py", "c.py"], {"a.py": 9.0, "b.py": 5.0}, last={"a.py"})
+        ['b.py', 'c.py', 'a.py']
+    """
     ranked = sorted(dict.fromkeys(modules), key=lambda m: -weights.get(m, 0.0))
+    ending = [m for m in ranked if m in last]
+    ranked = [m for m in ranked if m not in last]
     first = [m for m in ranked if m not in deferred]
     later = [m for m in ranked if m in deferred]
     done, cut = 0.0, len(first)
@@ -72,7 +81,7 @@ def order_by_weight(
             break
         done += weights.get(module, 0.0)
     head, tail = first[:cut], first[cut:]
-    return head + sorted(later + tail, key=lambda m: -weights.get(m, 0.0))
+    return head + sorted(later + tail, key=lambda m: -weights.get(m, 0.0)) + ending
 
 
 def read_weights(path: str) -> dict[str, float]:
@@ -127,9 +136,12 @@ class RunHooks:
                 except ValueError:
                     return str(item.path)
 
-            rank = {
-                m: i for i, m in enumerate(order_by_weight([module(i) for i in items], weights))
-            }
+            # A whole-machine test waits until no other test runs: beside a long module (a
+            # real-model test takes minutes) its worker would sit idle, so such modules go
+            # last, when the other worker's tests are short.
+            alone = {module(i) for i in items if i.get_closest_marker("whole_machine")}
+            order = order_by_weight([module(i) for i in items], weights, last=alone)
+            rank = {m: i for i, m in enumerate(order)}
             items.sort(key=lambda item: rank[module(item)])  # stable within a module
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
