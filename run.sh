@@ -5,7 +5,8 @@
 #                             GRPO training on an MCP server's tools with a before/after table
 #   bash run.sh check         the checks: ruff (lint and format) and mypy, core and integrations
 #   bash run.sh typecheck     only mypy
-#   bash run.sh test [args]   the checks, then the whole test suite: core and every integration
+#   bash run.sh test [args]   ruff, then the whole test suite (core and every integration) with
+#                             mypy beside it at the lowest CPU priority
 #   bash run.sh bench NAME    a benchmark script from benchmarks/
 #   bash run.sh gpu-bundle [DIR]     the wheels a GPU machine without network lacks (into .whl/)
 #   bash run.sh gpu-check [OUT_DIR]  the CUDA checks (tests/cuda, benchmarks/gpu.py) with the

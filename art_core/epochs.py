@@ -46,8 +46,11 @@ def items_for_step(items: Sequence[Item], step: int, per_step: int, seed: int = 
     """
     if not items:
         raise ValueError("no items to take a step's from")
-    chosen = []
+    chosen: list[Item] = []
+    orders: dict[int, list[int]] = {}  # a step spans one epoch or two: each shuffled once
     for index in range(step * per_step, (step + 1) * per_step):
         epoch, position = divmod(index, len(items))
-        chosen.append(items[epoch_order(len(items), seed, epoch)[position]])
+        if epoch not in orders:
+            orders[epoch] = epoch_order(len(items), seed, epoch)
+        chosen.append(items[orders[epoch][position]])
     return chosen

@@ -8,8 +8,9 @@ folder) is trained by ``art_cli_agents.train`` on the example tasks
 (``examples/cli_agents/tasks``, ``--tasks``): ``--steps`` GRPO steps of ``--groups-per-step``
 tasks x ``--n`` runs, sampled at ``--temperature`` with per-run seeds from ``--seed``, each run
 bounded by ``--timeout`` seconds, ``--concurrent-groups`` groups at a time (1); the same
-tasks, ``--n`` runs each, validate before the first step and after the last. Each agent uses its small-model preset (a short system prompt naming
-its tools, answers capped at 512 tokens and 3 turns for Claude Code and opencode);
+tasks, ``--n`` runs each, validate before the first step and after the last. Each agent uses
+its small-model preset (a short system prompt naming its tools, answers capped at 512 tokens
+and 3 turns for Claude Code and opencode);
 ``--own-prompts`` keeps the agents' own system prompts instead (2-5k tokens).
 
 Per agent it reports:

@@ -6,7 +6,8 @@ default timeouts and what a hung test leaves behind (``hangs``), and the order o
 not in module globals.
 
 Module order: heaviest first, so the long modules start early and the workers finish
-together; a module with a ``whole_machine`` test last (it waits for the other worker's test). ``$ART_TEST_DURATIONS`` names a JSON file ``{module path from the rootdir: seconds}``
+together; a module with a ``whole_machine`` test last (it waits for the other worker's test).
+``$ART_TEST_DURATIONS`` names a JSON file ``{module path from the rootdir: seconds}``
 (``tests/durations.json`` in this repository); modules it does not name run after, in
 collection order. A module with a ``needs_install`` test starts no earlier than after
 ``INSTALL_HEADSTART_S`` seconds of other modules' work, so the workers do not sit waiting for

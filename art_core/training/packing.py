@@ -425,8 +425,9 @@ def make_micro_batches(
 
     With ``packing``, each micro-batch is one packed row (first-fit decreasing); with
     ``share_prefixes`` too, sequences that start alike (a group's prompt, an agent's system
-    prompt) go to the same row and their common start is counted (and run) once. Without packing, sequences of similar length are padded into
-    rows and ``rows * longest <= max_tokens``. Examples with no trained token are dropped:
+    prompt) go to the same row and their common start is counted (and run) once. Without
+    packing, sequences of similar length are padded into rows and ``rows * longest <=
+    max_tokens``. Examples with no trained token are dropped:
     they would cost a forward pass for nothing.
 
     Example:

@@ -2,8 +2,8 @@
 table printed at the end of training, and why a step had nothing to learn from.
 
 The table states mean reward and solved share with their 95% bootstrap intervals, resampled
-by task (``art_core.evals.before_after``): the runs of one task succeed or fail together, so it is
-the number of tasks, not of runs, that says how far a difference can be trusted.
+by task (``art_core.evals.before_after``): the runs of one task succeed or fail together, so
+it is the number of tasks, not of runs, that says how far a difference can be trusted.
 
 The agent-level diagnoses (``agent_diagnoses``) read what ``art_core.diagnoses`` cannot know:
 a command-line agent's exit status, its time limit, its check's exit status, and whether it

@@ -1,8 +1,9 @@
 """Summaries of validation passes and the before/after table printed at the end of training.
 
 The table states mean reward and solved share with their 95% bootstrap intervals, resampled
-by scenario (``art_core.evals.before_after``): the runs of one scenario succeed or fail together, so
-it is the number of scenarios, not of runs, that says how far a difference can be trusted.
+by scenario (``art_core.evals.before_after``): the runs of one scenario succeed or fail
+together, so it is the number of scenarios, not of runs, that says how far a difference can
+be trusted.
 """
 
 from __future__ import annotations
