@@ -3,10 +3,11 @@
 # (again whenever a pyproject.toml changes), then:
 #   bash run.sh demo [args]   the main demo on the embedded model (offline): a question, then
 #                             GRPO training on an MCP server's tools with a before/after table
-#   bash run.sh check         the checks: ruff (lint and format) and mypy, core and integrations
+#   bash run.sh check         the checks: ruff (lint and format), the import layers
+#                             (lint-imports, .importlinter) and mypy, core and integrations
 #   bash run.sh typecheck     only mypy
-#   bash run.sh test [args]   ruff, then the whole test suite (core and every integration) with
-#                             mypy beside it at the lowest CPU priority
+#   bash run.sh test [args]   ruff and lint-imports, then the whole test suite (core and every
+#                             integration) with mypy beside it at the lowest CPU priority
 #   bash run.sh bench NAME    a benchmark script from benchmarks/
 #   bash run.sh gpu-bundle [DIR]     the wheels a GPU machine without network lacks (into .whl/)
 #   bash run.sh gpu-check [OUT_DIR]  the CUDA checks (tests/cuda, benchmarks/gpu.py) with the
@@ -143,6 +144,8 @@ check() {
 lint() {
   "$VENV/bin/python" -m ruff check .
   "$VENV/bin/python" -m ruff format --check .
+  # The layers of ARCHITECTURE.md, as contracts in .importlinter (a second or so).
+  "$VENV/bin/lint-imports" --no-cache
 }
 # The type check at the lowest CPU priority (the subshell and mypy under it).
 typecheck_idle() {

@@ -6,6 +6,7 @@ Example:
     >>> # await model.register(art.LocalBackend()); async with art.capture(model) as run: ...
 """
 
+from importlib import import_module
 from typing import TYPE_CHECKING
 
 from art_core import dev
@@ -40,7 +41,7 @@ from art_core.trajectories import (
 )
 
 if TYPE_CHECKING:  # imported lazily below; these lines give type checkers the real types
-    from art_core.evals import EvalReport, evaluate
+    from art_core.evals.evaluate import EvalReport, evaluate
     from art_core.rewards import DEFAULT_RUBRIC, ruler, ruler_score_group
     from art_core.sft import best_trajectories, load_chat_jsonl
     from art_core.sft.teacher import TeacherProxy, teacher_trajectories
@@ -100,38 +101,28 @@ __all__ = [
 ]
 
 
+# Parts built in their own modules, imported on first use (PEP 562), so that `import art_core`
+# stays light: pydantic's configs, the distributed package (torch), evals (numpy), RULER.
+# The TYPE_CHECKING block above names the same objects for type checkers. Each entry is
+# public name -> (module, attribute in it).
+_LAZY: dict[str, tuple[str, str]] = {
+    **{n: ("art_core.training.config", n) for n in ("TrainConfig", "TrainResult", "SFTConfig")},
+    "TeacherConfig": ("art_core.training.config", "TeacherConfig"),
+    "TrainSFTConfig": ("art_core.training.config", "SFTConfig"),  # ART's name for the same
+    "TrainingCancelled": ("art_core.training.cancel", "TrainingCancelled"),
+    "TrainingWorld": ("art_core.training.distributed.world", "TrainingWorld"),
+    "best_trajectories": ("art_core.sft", "best_trajectories"),
+    "load_chat_jsonl": ("art_core.sft", "load_chat_jsonl"),
+    "TeacherProxy": ("art_core.sft.teacher", "TeacherProxy"),
+    "teacher_trajectories": ("art_core.sft.teacher", "teacher_trajectories"),
+    "evaluate": ("art_core.evals", "evaluate"),
+    "EvalReport": ("art_core.evals", "EvalReport"),
+    **{n: ("art_core.rewards", n) for n in ("ruler", "ruler_score_group", "DEFAULT_RUBRIC")},
+}
+
+
 def __getattr__(name: str) -> object:
-    # Parts built in their own modules, imported on first use (training pulls in peft).
-    if name in ("TrainConfig", "TrainResult", "SFTConfig", "TeacherConfig"):
-        from art_core.training import config
-
-        return getattr(config, name)
-    if name == "TrainingCancelled":
-        from art_core.training.cancel import TrainingCancelled
-
-        return TrainingCancelled
-    if name == "TrainingWorld":
-        from art_core.training.distributed import world
-
-        return world.TrainingWorld
-    if name == "TrainSFTConfig":  # ART's name for the same config
-        from art_core.training.config import SFTConfig
-
-        return SFTConfig
-    if name in ("best_trajectories", "load_chat_jsonl"):
-        from art_core import sft
-
-        return getattr(sft, name)
-    if name in ("TeacherProxy", "teacher_trajectories"):
-        from art_core.sft import teacher
-
-        return getattr(teacher, name)
-    if name in ("evaluate", "EvalReport"):
-        from art_core import evals
-
-        return getattr(evals, name)
-    if name in ("ruler", "ruler_score_group", "DEFAULT_RUBRIC"):
-        from art_core import rewards
-
-        return getattr(rewards, name)
-    raise AttributeError(f"module 'art_core' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'art_core' has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    return getattr(import_module(module), attribute)

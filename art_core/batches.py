@@ -8,7 +8,7 @@ groups keep running.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -54,21 +54,10 @@ async def trajectory_group_batches(
         ...     await model.train(batch)  # doctest: +SKIP
     """
     del pbar_total_completion_tokens  # ART's progress-bar option; the bar counts groups
-    for name, value in (
-        ("batch_size", batch_size),
-        ("max_concurrent_batches", max_concurrent_batches),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if isinstance(skip_batches, bool) or not isinstance(skip_batches, int) or skip_batches < 0:
-        raise ValueError(f"skip_batches must be an int >= 0, got {skip_batches!r}")
-    exception_limit(max_batch_exceptions, 1)  # validates it
+    _check_options(batch_size, max_concurrent_batches, skip_batches, max_batch_exceptions)
     source = iter(groups)
-    for _ in range(batch_size * skip_batches):
-        skipped = next(source, None)
-        if skipped is None:
-            return
-        _close(skipped)
+    if not _skip(source, batch_size * skip_batches):
+        return
 
     running: set[asyncio.Task[TrajectoryGroup]] = set()
     batch: list[TrajectoryGroup] = []
@@ -109,6 +98,33 @@ async def trajectory_group_batches(
         if isinstance(groups, list | tuple):
             for group in source:  # built up front and never started
                 _close(group)
+
+
+def _check_options(
+    batch_size: int,
+    max_concurrent_batches: int,
+    skip_batches: int,
+    max_batch_exceptions: int | float,
+) -> None:
+    for name, value in (
+        ("batch_size", batch_size),
+        ("max_concurrent_batches", max_concurrent_batches),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if isinstance(skip_batches, bool) or not isinstance(skip_batches, int) or skip_batches < 0:
+        raise ValueError(f"skip_batches must be an int >= 0, got {skip_batches!r}")
+    exception_limit(max_batch_exceptions, 1)  # validates it
+
+
+def _skip(source: Iterator[Awaitable[TrajectoryGroup] | TrajectoryGroup], n: int) -> bool:
+    """Drop the next ``n`` groups of ``source`` unrun; False when it ran out first."""
+    for _ in range(n):
+        skipped = next(source, None)
+        if skipped is None:
+            return False
+        _close(skipped)
+    return True
 
 
 def _check_exceptions(batch: list[TrajectoryGroup], max_batch_exceptions: int | float) -> None:

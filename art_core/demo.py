@@ -41,7 +41,7 @@ async def run_demo(question: str, base_model: str, path: str, max_tokens: int) -
         return answer
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="talk to the embedded model through the gateway")
     parser.add_argument(
         "--question", default="What is the capital of France? Answer in one sentence."

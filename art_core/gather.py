@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
+from art_core.sampling.groups import AfterEach, TooManyExceptions
+from art_core.sampling.loop import OVER_BUDGET, GroupJob, gather_groups_with_signal
 from art_core.tracing import hooks as tracing
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
-AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None] | TrajectoryGroup | None]
-
-
-class TooManyExceptions(RuntimeError):
-    """More rollouts raised than ``max_exceptions`` allows."""
+__all__ = [
+    "AfterEach",
+    "TooManyExceptions",
+    "exception_limit",
+    "gather_trajectories",
+    "gather_trajectory_groups",
+    "run_group",
+]
 
 
 async def gather_trajectory_groups(
@@ -65,6 +70,25 @@ async def gather_trajectory_groups(
             after_each=after_each,
             max_concurrent_groups=max_concurrent_groups,
         )
+    return await _gather_at_once(
+        groups,
+        pbar_desc=pbar_desc,
+        max_exceptions=max_exceptions,
+        after_each=after_each,
+        max_concurrent_groups=max_concurrent_groups,
+    )
+
+
+async def _gather_at_once(
+    groups: Iterable[Awaitable[TrajectoryGroup] | TrajectoryGroup],
+    *,
+    pbar_desc: str | None,
+    max_exceptions: int | float,
+    after_each: AfterEach | None,
+    max_concurrent_groups: int | None,
+) -> list[TrajectoryGroup]:
+    """``gather_trajectory_groups`` without dynamic sampling: every group started at once
+    (at most ``max_concurrent_groups`` running), in input order."""
     pending = list(groups)
     total = sum(g.pending if isinstance(g, TrajectoryGroup) else 1 for g in pending)
     limit = exception_limit(max_exceptions, total)
@@ -222,8 +246,6 @@ async def _gather_with_signal(
     after_each: AfterEach | None,
     max_concurrent_groups: int | None,
 ) -> list[TrajectoryGroup]:
-    from art_core.sampling.loop import OVER_BUDGET, GroupJob, gather_groups_with_signal
-
     for name, value in (("groups_with_signal", groups_with_signal), ("max_rollouts", max_rollouts)):
         if value is None:
             raise ValueError(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic
 from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator
 from typing_extensions import TypeVar
 
+from art_core.clients import async_openai_client
 from art_core.names import check_name
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
@@ -111,7 +112,6 @@ class Model(BaseModel, Generic[ModelConfig]):
 
     def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` client for this model's inference endpoint."""
-        from art_core.clients import async_openai_client
 
         if self.inference_base_url is None:
             raise RuntimeError(f"model {self.name!r} has no inference_base_url (register it first)")
@@ -149,7 +149,7 @@ class Model(BaseModel, Generic[ModelConfig]):
             elif any(isinstance(item, TrajectoryGroup) for item in items):
                 raise TypeError("log() takes trajectory groups or trajectories, not a mix")
             else:
-                groups = [TrajectoryGroup(items)]  # type: ignore[arg-type]
+                groups = [TrajectoryGroup(items)]
         split = check_name(split, "split")
         # A plain Model logs through the backend of a trainable one too (ART's comparisons).
         model: Any = self
@@ -210,7 +210,7 @@ class TrainableModel(Model[ModelConfig], Generic[ModelConfig]):
                 "and have no effect here",
                 stacklevel=2,
             )
-        return await self.backend().train(self, list(trajectory_groups), config, **overrides)  # type: ignore[arg-type]
+        return await self.backend().train(self, list(trajectory_groups), config, **overrides)
 
     async def train_sft(
         self,
@@ -238,15 +238,15 @@ class TrainableModel(Model[ModelConfig], Generic[ModelConfig]):
                 "and have no effect here",
                 stacklevel=2,
             )
-        return await self.backend().train_sft(self, trajectories, config)  # type: ignore[arg-type]
+        return await self.backend().train_sft(self, trajectories, config)
 
     async def get_step(self) -> int:
         """The step of the latest checkpoint (0 = the base model)."""
-        return await self.backend().get_step(self)  # type: ignore[arg-type]
+        return await self.backend().get_step(self)
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
         """Delete all checkpoints but the latest and the best by ``best_checkpoint_metric``."""
-        return await self.backend().delete_checkpoints(self, best_checkpoint_metric)  # type: ignore[arg-type]
+        return await self.backend().delete_checkpoints(self, best_checkpoint_metric)
 
     async def export(
         self,
@@ -271,7 +271,7 @@ class TrainableModel(Model[ModelConfig], Generic[ModelConfig]):
             3
         """
         return await self.backend().export(
-            self,  # type: ignore[arg-type]
+            self,
             out,
             format=format,
             step=step,

@@ -39,7 +39,7 @@ def retry(
     if delay < 0 or backoff_factor < 0:
         raise ValueError("delay and backoff_factor must be >= 0")
     if not isinstance(exceptions, tuple):
-        exceptions = (exceptions,)  # type: ignore[unreachable]
+        exceptions = (exceptions,)
 
     def report(func: Callable[..., Any], exc: BaseException, attempt: int) -> None:
         if on_retry is not None:

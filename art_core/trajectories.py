@@ -325,7 +325,7 @@ class TrajectoryGroup(BaseModel):
         super().__init__(trajectories=done, exceptions=errors, **data)
         self._pending = pending
 
-    def __iter__(self):  # type: ignore[override]
+    def __iter__(self):
         return iter(self.trajectories)
 
     def __len__(self) -> int:
@@ -378,7 +378,7 @@ class TrajectoryGroup(BaseModel):
                 )
         return self
 
-    def __await__(self):  # type: ignore[no-untyped-def]
+    def __await__(self):
         return self.run().__await__()
 
 

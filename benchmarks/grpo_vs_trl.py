@@ -382,7 +382,8 @@ def summary(stats: RunStats, warmup: int) -> tuple[float, float]:
     )
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line, with ``--smoke``'s settings applied and ``--seed -1`` as None."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -427,13 +428,18 @@ def main() -> None:
         "and the table as printed without trl",
     )
     args = parser.parse_args()
-    print(machine_line(), flush=True)  # the figures below depend on it
     if args.seed is not None and args.seed < 0:
         args.seed = None
     if args.smoke:
         args.base_model, args.warmup, args.steps = "tiny-random", 1, 2
         args.group_size, args.prompts_per_step, args.max_tokens = 3, 2, 8
         args.eval_samples = 2
+    return args
+
+
+def main() -> None:
+    args = _parse_args()
+    print(machine_line(), flush=True)  # the figures below depend on it
 
     import torch
 

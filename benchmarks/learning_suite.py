@@ -267,24 +267,7 @@ async def run(args: argparse.Namespace, workdir: Path, stack: AsyncExitStack) ->
     val_time = 2.7 * clock.phases["test"] * len(source.val) / len(source.test)
 
     if args.recipe in ("self", "teacher"):
-        agent = model
-        if args.recipe == "teacher":
-            teacher = art.TrainableModel(
-                name="teacher", project="suite", base_model=cached(teacher_path(args.teacher))
-            )
-            await timed(clock, "teacher load", teacher.register(backend))
-            agent = teacher
-        result.warm = await warm_start(source, model, agent, args, clock)
-        print(f"[{clock.elapsed():5.0f} s] warm start: {result.warm}", flush=True)
-        # Validated only if GRPO steps follow (then it competes with them for "best").
-        if "step" in result.warm and clock.left() > 2 * reserve(val_time):
-            val_started = time.perf_counter()
-            val = rewards(
-                await timed(clock, "validation", source.groups(model, source.val, 1, 0.0))
-            )
-            val_time = time.perf_counter() - val_started
-            result.val.append((result.warm["step"], statistics.fmean(val)))
-            print(f"[{clock.elapsed():5.0f} s] validation after SFT: {result.val[-1][1]:.3f}")
+        val_time = await warm_phase(args, source, backend, model, clock, result, val_time)
 
     # GRPO until the final validation and the test would overrun the budget (the test's time
     # estimated from the latest validation's: the model's runs change length as it learns).
@@ -325,10 +308,7 @@ async def run(args: argparse.Namespace, workdir: Path, stack: AsyncExitStack) ->
             result.val.append((await model.get_step(), statistics.fmean(val)))
             print(f"[{clock.elapsed():5.0f} s] validation: {result.val[-1][1]:.3f}", flush=True)
         step_s = time.perf_counter() - step_started
-    latest = await model.get_step()
-    if result.val and result.val[-1][0] != latest and clock.left() > reserve(val_time):
-        val = rewards(await timed(clock, "validation", source.groups(model, source.val, 1, 0.0)))
-        result.val.append((latest, statistics.fmean(val)))
+    latest = await validate_latest(source, model, clock, result, val_time)
     # The best validated step (the latest of equals); nothing validated: the latest step.
     result.best_step = max(result.val, key=lambda sv: (sv[1], sv[0]))[0] if result.val else latest
     with pin_step(result.best_step):
@@ -345,6 +325,50 @@ async def run(args: argparse.Namespace, workdir: Path, stack: AsyncExitStack) ->
         flush=True,
     )
     return result
+
+
+async def warm_phase(
+    args: argparse.Namespace,
+    source: Source,
+    backend: Any,
+    model: Any,
+    clock: Clock,
+    result: RunResult,
+    val_time: float,
+) -> float:
+    """The recipe's warm start (on the model's own runs, or a teacher's), then a validation
+    when GRPO steps can follow; returns the validation time estimate, updated if it ran."""
+    import art_core as art
+
+    agent = model
+    if args.recipe == "teacher":
+        teacher = art.TrainableModel(
+            name="teacher", project="suite", base_model=cached(teacher_path(args.teacher))
+        )
+        await timed(clock, "teacher load", teacher.register(backend))
+        agent = teacher
+    result.warm = await warm_start(source, model, agent, args, clock)
+    print(f"[{clock.elapsed():5.0f} s] warm start: {result.warm}", flush=True)
+    # Validated only if GRPO steps follow (then it competes with them for "best").
+    if "step" in result.warm and clock.left() > 2 * reserve(val_time):
+        val_started = time.perf_counter()
+        val = rewards(await timed(clock, "validation", source.groups(model, source.val, 1, 0.0)))
+        val_time = time.perf_counter() - val_started
+        result.val.append((result.warm["step"], statistics.fmean(val)))
+        print(f"[{clock.elapsed():5.0f} s] validation after SFT: {result.val[-1][1]:.3f}")
+    return val_time
+
+
+async def validate_latest(
+    source: Source, model: Any, clock: Clock, result: RunResult, val_time: float
+) -> int:
+    """Validate the latest step too when an earlier one was validated and time is left;
+    returns the latest step."""
+    latest: int = await model.get_step()
+    if result.val and result.val[-1][0] != latest and clock.left() > reserve(val_time):
+        val = rewards(await timed(clock, "validation", source.groups(model, source.val, 1, 0.0)))
+        result.val.append((latest, statistics.fmean(val)))
+    return latest
 
 
 def cached(name: str) -> str:

@@ -33,7 +33,7 @@ from pathlib import Path
 from _machine import cpu_model, machine_line
 
 import art_core as art
-from art_core.engines.base import GenerationRequest, SamplingParams
+from art_core.engines.base import Engine, GenerationRequest, SamplingParams
 from art_core.gateway.timing import StageLog
 
 
@@ -109,37 +109,19 @@ async def main(base_model: str, calls: int, max_tokens: int, concurrency: int) -
         async def health() -> None:
             await http.request("GET", "/health")
 
-        async def timed_ms(fn: Callable[[], Awaitable[None]]) -> float:
-            start = time.perf_counter()
-            await fn()
-            return (time.perf_counter() - start) * 1000
-
         for fn in (in_process, through_gateway, with_openai_client, health):
             for _ in range(3):
                 await fn()  # warm-up
-        direct: list[float] = []
-        gateway: list[float] = []
-        usual: list[float] = []
         stage_log = StageLog()
         backend.gateway.stage_log = stage_log
-        for i in range(calls):  # interleaved: drift in machine load hits both alike
-            direct.append(await timed_ms(in_process))
-            gateway.append(await timed_ms(through_gateway))
-            if i % 4 == 0:
-                usual.append(await timed_ms(with_openai_client))
+        direct, gateway, usual = await _latencies(
+            calls, in_process, through_gateway, with_openai_client
+        )
         backend.gateway.stage_log = None
-        health_ms = [await timed_ms(health) for _ in range(max(20, calls))]
+        health_ms = [await _timed_ms(health) for _ in range(max(20, calls))]
         stages = stage_log.medians_ms()
 
-        profile = cProfile.Profile()
-
-        async def profiling(on: bool) -> None:
-            profile.enable() if on else profile.disable()
-
-        await backend.server.call(profiling(True))
-        for _ in range(calls):
-            await through_gateway()
-        await backend.server.call(profiling(False))
+        profile = await _profiled(backend, through_gateway, calls)
         await http.close()
 
         long = dict(
@@ -163,6 +145,78 @@ async def main(base_model: str, calls: int, max_tokens: int, concurrency: int) -
         concurrent_tokens = sum(await asyncio.gather(*(one(i) for i in range(concurrency))))
         concurrent = time.perf_counter() - start
 
+    _print_latency(base_model, engine, direct, gateway, usual)
+    _print_gateway_stages(health_ms, stages)
+    _print_profile(profile, calls)
+
+    _print_throughput(
+        concurrency, max_tokens, (sequential_tokens, sequential), (concurrent_tokens, concurrent)
+    )
+
+
+async def _timed_ms(fn: Callable[[], Awaitable[None]]) -> float:
+    start = time.perf_counter()
+    await fn()
+    return (time.perf_counter() - start) * 1000
+
+
+async def _latencies(
+    calls: int,
+    in_process: Callable[[], Awaitable[None]],
+    through_gateway: Callable[[], Awaitable[None]],
+    with_openai_client: Callable[[], Awaitable[None]],
+) -> tuple[list[float], list[float], list[float]]:
+    """Milliseconds per call in each way, interleaved (drift in machine load hits all
+    alike); the openai client's every fourth call."""
+    direct: list[float] = []
+    gateway: list[float] = []
+    usual: list[float] = []
+    for i in range(calls):
+        direct.append(await _timed_ms(in_process))
+        gateway.append(await _timed_ms(through_gateway))
+        if i % 4 == 0:
+            usual.append(await _timed_ms(with_openai_client))
+    return direct, gateway, usual
+
+
+async def _profiled(
+    backend: art.LocalBackend, through_gateway: Callable[[], Awaitable[None]], calls: int
+) -> cProfile.Profile:
+    """A profile of the gateway's event-loop thread over ``calls`` calls through it."""
+    profile = cProfile.Profile()
+
+    async def profiling(on: bool) -> None:
+        profile.enable() if on else profile.disable()
+
+    await backend.server.call(profiling(True))
+    for _ in range(calls):
+        await through_gateway()
+    await backend.server.call(profiling(False))
+    return profile
+
+
+def _print_throughput(
+    concurrency: int,
+    max_tokens: int,
+    sequential_run: tuple[int, float],
+    concurrent_run: tuple[int, float],
+) -> None:
+    """Tokens per second of the requests one after the other and all at once (batched):
+    each run as (tokens, wall seconds)."""
+    sequential_tokens, sequential = sequential_run
+    concurrent_tokens, concurrent = concurrent_run
+    seq_tps = sequential_tokens / sequential
+    con_tps = concurrent_tokens / concurrent
+    print(f"\n{f'{concurrency} requests x {max_tokens} tokens':<40}{'wall s':>10}{'tok/s':>10}")
+    print(f"{'sequential':<40}{sequential:>10.2f}{seq_tps:>10.1f}")
+    print(f"{'concurrent (batched)':<40}{concurrent:>10.2f}{con_tps:>10.1f}")
+    print(f"{'throughput ratio (goal >= 3x)':<40}{con_tps / seq_tps:>19.2f}x")
+
+
+def _print_latency(
+    base_model: str, engine: Engine, direct: list[float], gateway: list[float], usual: list[float]
+) -> None:
+    """The latency of one call in each way, and the gateway's overhead."""
     print(
         f"\nserving benchmark: {base_model}, engine=transformers, device={engine.device}, dtype={engine.dtype}"
     )  # type: ignore[attr-defined]
@@ -179,6 +233,9 @@ async def main(base_model: str, calls: int, max_tokens: int, concurrency: int) -
     p99 = percentile(gateway, 0.99) - percentile(direct, 0.99)
     print(f"{'gateway overhead (goal < 1 / < 5 ms)':<40}{p50:>10.2f}{p99:>10.2f}")
 
+
+def _print_gateway_stages(health_ms: list[float], stages: dict[str, float]) -> None:
+    """Where the gateway's time goes: an HTTP round trip, then each stage's median."""
     print("\nwhere the gateway's time goes (median ms per request)")
     print(f"  {'HTTP round trip (GET /health)':<38}{statistics.median(health_ms):>8.3f}")
     for name, ms in stages.items():
@@ -194,6 +251,10 @@ async def main(base_model: str, calls: int, max_tokens: int, concurrency: int) -
         ms for name, ms in stages.items() if name != "queue+engine"
     )
     print(f"  {'gateway work (all but queue + engine)':<38}{own:>8.3f}")
+
+
+def _print_profile(profile: cProfile.Profile, calls: int) -> None:
+    """The gateway thread's profile: CPU per call and the top functions by own time."""
     stats = pstats.Stats(profile)
     entries: list[tuple[float, int, str]] = []
     for (file, line, func), (_, ncalls, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
@@ -209,13 +270,6 @@ async def main(base_model: str, calls: int, max_tokens: int, concurrency: int) -
     print(f"  {'function':<70}{'calls/req':>10}{'us/req':>9}")
     for tottime, ncalls, where in entries[:12]:
         print(f"  {where[:70]:<70}{ncalls / calls:>10.1f}{tottime / calls * 1e6:>9.1f}")
-
-    seq_tps = sequential_tokens / sequential
-    con_tps = concurrent_tokens / concurrent
-    print(f"\n{f'{concurrency} requests x {max_tokens} tokens':<40}{'wall s':>10}{'tok/s':>10}")
-    print(f"{'sequential':<40}{sequential:>10.2f}{seq_tps:>10.1f}")
-    print(f"{'concurrent (batched)':<40}{concurrent:>10.2f}{con_tps:>10.1f}")
-    print(f"{'throughput ratio (goal >= 3x)':<40}{con_tps / seq_tps:>19.2f}x")
 
 
 if __name__ == "__main__":

@@ -428,7 +428,8 @@ async def main(args: argparse.Namespace) -> None:
     print_table(results, args)
 
 
-def parse_args() -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
+    """The command line's options (``parse_args`` applies ``--smoke`` and checks them)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -478,6 +479,11 @@ def parse_args() -> argparse.Namespace:
         help="tiny-random, every arm (--warm-start and --distill too) for 2 short steps "
         "(groups of 2, 24 tokens a call) on a few scenarios, one validation run: the same table",
     )
+    return parser
+
+
+def parse_args() -> argparse.Namespace:
+    parser = _parser()
     args = parser.parse_args()
     print(machine_line(), flush=True)  # the figures below depend on it
     if args.smoke:

@@ -724,6 +724,36 @@ def server_rss(pid: int) -> str:
     return "?"
 
 
+def http_times(
+    url: str,
+    art: Path,
+    step_cold: list[int],
+    rollout_cold: list[int],
+    repeats: int,
+    pick: random.Random,
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[int, list[str]], dict[str, int]]:
+    """Seconds per page over HTTP, cold (the first request for each step) and warm (pages
+    opened again), the rollouts opened on each step, and the API replies' sizes."""
+    with httpx.Client(base_url=url, timeout=120) as client:
+        pages = Pages(client)
+        cold: dict[str, list[float]] = {"run": [pages.run()], "step": [], "rollout": []}
+        for step in step_cold:
+            cold["step"].append(pages.step(step))
+        opened = {}
+        for step in rollout_cold:
+            opened[step] = rollout_ids(art, step)
+            cold["rollout"].append(pages.rollout(step, pick.choice(opened[step])))
+        check_replies(pages)
+        warm: dict[str, list[float]] = {"run": [], "step": [], "rollout": []}
+        for number in range(repeats):
+            warm["run"].append(pages.run())
+            warm["step"].append(pages.step(step_cold[number % len(step_cold)]))
+            step = rollout_cold[number % len(rollout_cold)]
+            warm["rollout"].append(pages.rollout(step, pick.choice(opened[step])))
+        check_replies(pages)
+    return cold, warm, opened, pages.sizes
+
+
 def measure(art: Path, steps: list[int], repeats: int, browser: bool) -> None:
     shuffled = random.Random(1).sample(steps, len(steps))
     cold_count = max(1, min(5, len(steps) // 3))
@@ -737,23 +767,7 @@ def measure(art: Path, steps: list[int], repeats: int, browser: bool) -> None:
     process, url = start_viewer(art)
     try:
         rss_started = server_rss(process.pid)
-        with httpx.Client(base_url=url, timeout=120) as client:
-            pages = Pages(client)
-            cold: dict[str, list[float]] = {"run": [pages.run()], "step": [], "rollout": []}
-            for step in step_cold:
-                cold["step"].append(pages.step(step))
-            opened = {}
-            for step in rollout_cold:
-                opened[step] = rollout_ids(art, step)
-                cold["rollout"].append(pages.rollout(step, pick.choice(opened[step])))
-            check_replies(pages)
-            warm: dict[str, list[float]] = {"run": [], "step": [], "rollout": []}
-            for number in range(repeats):
-                warm["run"].append(pages.run())
-                warm["step"].append(pages.step(step_cold[number % len(step_cold)]))
-                step = rollout_cold[number % len(rollout_cold)]
-                warm["rollout"].append(pages.rollout(step, pick.choice(opened[step])))
-            check_replies(pages)
+        cold, warm, opened, sizes = http_times(url, art, step_cold, rollout_cold, repeats, pick)
         if reason is None:
             model = f"{PROJECT}/{NAME}"
             warm_paths = [
@@ -814,7 +828,7 @@ def measure(art: Path, steps: list[int], repeats: int, browser: bool) -> None:
     )
     print(
         "reply sizes: "
-        + ", ".join(f"{kind} API {size / 1024:.0f} KiB" for kind, size in pages.sizes.items())
+        + ", ".join(f"{kind} API {size / 1024:.0f} KiB" for kind, size in sizes.items())
         + f"; server RSS {rss_started} at start, {rss} after every request"
     )
     if in_browser:

@@ -22,10 +22,11 @@ from safetensors.torch import load_file
 
 import art_core as art
 from art_core.engines.base import EngineError, EngineUnavailable
+from art_core.gateway import answering
 from art_core.gateway.apis import messages as messages_api
-from art_core.gateway.apis.edge import Translated
 from art_core.gateway.deltas import Recorded, StreamedText, TextDelta
 from art_core.gateway.errors import APIError
+from art_core.gateway.reading import Translated
 from art_core.testing.checks import assert_token_exact
 from art_core.testing.pytest_plugin import register_tiny_model
 from art_core.trajectories import LLMCall
@@ -549,7 +550,9 @@ async def test_a_group_of_messages_runs_trains(backend: art.LocalBackend) -> Non
 
 
 def _answer(stops: list[str] | None = None) -> messages_api.Answer:
-    call = SimpleNamespace(chat=SimpleNamespace(model="m"), prompt_ids=[1, 2, 3])
+    call = SimpleNamespace(
+        chat=SimpleNamespace(model="m"), prompt_ids=[1, 2, 3], params=SimpleNamespace(n=1)
+    )
     translated = Translated({}, {}, {"stream": True, "stops": stops or []})
     return messages_api.Answer(call, translated)  # type: ignore[arg-type]
 
@@ -590,17 +593,19 @@ async def _events(
     monkeypatch: pytest.MonkeyPatch,
     fail: Exception | None = None,
 ) -> list[dict[str, Any]]:
-    async def fake(call: Any, text: StreamedText) -> AsyncIterator[TextDelta | Recorded]:
+    async def fake(
+        calls: list[Any], texts: list[StreamedText]
+    ) -> AsyncIterator[TextDelta | Recorded]:
         sent = {"reasoning_content": "", "content": ""}
         for field_name, chunk in deltas:
             sent[field_name] += chunk
-            for delta in text.advance(0, dict(sent)):
+            for delta in texts[0].advance(0, dict(sent)):
                 yield delta
         if fail is not None:
             raise fail
-        yield Recorded([recorded])
+        yield Recorded([[recorded]])
 
-    monkeypatch.setattr(messages_api, "sampled_deltas", fake)
+    monkeypatch.setattr(answering, "sampled_deltas", fake)
     events = []
     async for chunk in messages_api.stream_events(answer):
         kind, data = chunk.removesuffix("\n\n").split("\n")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from art_core.training.kept_logits import KeptLogits
+from art_core.kept_logits import KeptLogits
 
 FULL = torch.arange(2 * 3 * 5, dtype=torch.float32).reshape(2, 3, 5)
 KEEP = torch.tensor([[True, False, True], [False, True, False]])

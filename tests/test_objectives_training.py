@@ -165,16 +165,25 @@ def logprob_gap(model: Any, sequences: list[TokenSequence], scores: list[Teacher
 def test_distillation_with_rl_adds_both_terms(
     tmp_path: Path, base_path: Path, base_model: Any, teacher_adapter: Path
 ) -> None:
-    groups = make_groups(base_model, [[1.0, 0.0, 0.5, 0.0], [0.3] * 4])
     teacher = TeacherConfig(model=str(base_path), adapter=str(teacher_adapter), weight=0.5)
-    result = Trainer(base_path, tmp_path / "m", device="cpu").train_step(
-        groups, FAST.model_copy(update={"teacher": teacher})
-    )
+    config = FAST.model_copy(update={"teacher": teacher})
+    groups = make_groups(base_model, [[1.0, 0.0, 0.5, 0.0], [0.3] * 4])
+    result = Trainer(base_path, tmp_path / "m", device="cpu").train_step(groups, config)
     # The equal-reward group is trained too (its rollouts carry the distillation term).
     assert result.metrics["train/num_rollouts_trained"] == 8
     assert result.metrics["train/groups_skipped"] == 1
-    assert result.metrics["train/policy_loss"] != 0.0
-    assert result.metrics["train/distill/kl"] != 0.0
+    metrics = result.metrics
+    assert metrics["train/distill/kl"] > 0.0
+    assert metrics["train/loss"] == pytest.approx(
+        metrics["train/policy_loss"] + 0.5 * metrics["train/distill/kl"], rel=1e-4
+    )
+    # The policy term's value is ~0 on a first, on-policy step (each group's advantages sum
+    # to zero at ratio 1), its gradient is not: the same rollouts with equal rewards (the
+    # distillation term alone) step differently.
+    alone = make_groups(base_model, [[0.3] * 4, [0.3] * 4])
+    distill_only = Trainer(base_path, tmp_path / "d", device="cpu").train_step(alone, config)
+    assert distill_only.metrics["train/distill/kl"] == pytest.approx(metrics["train/distill/kl"])
+    assert abs(distill_only.metrics["train/grad_norm"] - metrics["train/grad_norm"]) > 1e-3
 
 
 def test_sequence_level_importance_sampling_trains_and_reports_sequence_ratios(

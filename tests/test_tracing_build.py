@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from art_core.background import Worker
 from art_core.tracing.build import RolloutRecord, rollout_tree, ruler_explanation
 from art_core.tracing.exporters import GuardedExporter
 from art_core.tracing.genai import attribute_value, semconv_message
@@ -19,7 +20,6 @@ from art_core.tracing.otel import OtelSink
 from art_core.tracing.pipeline import Pipeline
 from art_core.tracing.settings import TracingSettings, exporters_from_env
 from art_core.tracing.tools import ToolRecord
-from art_core.tracing.worker import Worker
 from art_core.trajectories import LLMCall, Trajectory
 
 USER = {"role": "user", "content": "Weather in Paris and Lima?"}

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from art_core.dev.apply import internal_overrides
 from art_core.trajectories import LLMCall, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -155,13 +156,12 @@ class BackendBase:
         Raises ``TypeError`` naming an override that is not a ``TrainConfig`` field, and
         ``ValueError`` (pydantic's) for a value out of its range.
         """
+        # Pydantic models: kept off `import art_core` (~15 ms).
         from art_core.training.config import TrainConfig
 
         base = TrainConfig() if config is None else config
         internal = getattr(model, "_internal_config", None)
         if internal and isinstance(base, TrainConfig):
-            from art_core.dev.apply import internal_overrides
-
             overrides = {**internal_overrides(internal, base, overrides), **overrides}
         return _with_overrides(TrainConfig, base, overrides, "train")
 
@@ -173,6 +173,7 @@ class BackendBase:
             >>> BackendBase.sft_config(None, {"epochs": 3}).epochs
             3
         """
+        # Pydantic models: kept off `import art_core` (~15 ms).
         from art_core.training.config import SFTConfig
 
         return _with_overrides(SFTConfig, config, overrides, "train_sft")
@@ -185,7 +186,7 @@ class BackendBase:
         config: TrainConfig | None = None,
         **kwargs: Any,
     ) -> TrainResult:
-        return await self.train(model, groups, config, **kwargs)  # type: ignore[attr-defined,no-any-return]
+        return await self.train(model, groups, config, **kwargs)  # type: ignore[attr-defined]
 
     async def _train_sft(
         self,
@@ -194,10 +195,10 @@ class BackendBase:
         config: SFTConfig | None = None,
         **kwargs: Any,
     ) -> TrainResult:
-        return await self.train_sft(model, trajectories, config, **kwargs)  # type: ignore[attr-defined,no-any-return]
+        return await self.train_sft(model, trajectories, config, **kwargs)  # type: ignore[attr-defined]
 
     async def _get_step(self, model: TrainableModel) -> int:
-        return await self.get_step(model)  # type: ignore[attr-defined,no-any-return]
+        return await self.get_step(model)  # type: ignore[attr-defined]
 
     async def _log(
         self,
@@ -211,12 +212,12 @@ class BackendBase:
     async def _delete_checkpoints(
         self, model: TrainableModel, best_checkpoint_metric: str = "val/reward", *_: Any
     ) -> list[int]:
-        return await self.delete_checkpoints(model, best_checkpoint_metric)  # type: ignore[attr-defined,no-any-return]
+        return await self.delete_checkpoints(model, best_checkpoint_metric)  # type: ignore[attr-defined]
 
     async def _rollout_calls(
         self, model: TrainableModel, rollout_id: str, *, release: bool = False
     ) -> list[LLMCall]:
-        return await self.rollout_calls(model, rollout_id, release=release)  # type: ignore[attr-defined,no-any-return]
+        return await self.rollout_calls(model, rollout_id, release=release)  # type: ignore[attr-defined]
 
 
 Settings = TypeVar("Settings", bound="TrainingSettings")

@@ -28,6 +28,7 @@ from art_core.embedded import resolve_base_model
 from art_core.engines.base import Engine
 from art_core.engines.select import choose_engine
 from art_core.engines.tokenizer import ChatTokenizer, load_chat_tokenizer
+from art_core.export import export_checkpoint
 from art_core.files import atomic_write_text
 from art_core.gateway.app import Gateway, ServedModel
 from art_core.gateway.server import GatewayServer
@@ -36,6 +37,7 @@ from art_core.matching import attach_recorded_calls
 from art_core.metrics import hooks as metric_hooks
 from art_core.model_folder import ModelFolder
 from art_core.names import check_name
+from art_core.sft.data import demonstrations
 from art_core.tracing import hooks as tracing
 from art_core.trajectories import LLMCall, TrajectoryGroup, require_finished
 
@@ -288,7 +290,7 @@ class LocalBackend(BackendBase):
         if self.uses_engine_workers:
             return self._replica_router(base_path, folder, chat)
         if self.engine_name == "vllm":
-            from art_core.engines.vllm_engine import VLLMEngine
+            from art_core.engines.vllm_engine import VLLMEngine  # vLLM: an optional dependency
 
             return VLLMEngine(base_path, log_dir=folder.logs)
         # Imported here: torch takes ~1.5 s to import, and `import art_core` should not pay
@@ -319,6 +321,7 @@ class LocalBackend(BackendBase):
 
     def _replica_router(self, base_path: Path, folder: ModelFolder, chat: ChatTokenizer) -> Engine:
         """``replicas`` engine workers (processes here, or Ray actors) behind one router."""
+        # Replicas only: kept off `import art_core` (~15 ms with the worker engine's modules).
         from art_core.engines.replicas import build_replicas, plan_replicas
         from art_core.engines.router import ReplicaRouter
 
@@ -360,13 +363,14 @@ class LocalBackend(BackendBase):
     def _trainer(self, entry: _Registered) -> Trainer:
         if entry.trainer is None:
             if self.training_world is not None:
+                # torch: loaded on the first train step, never by `import art_core`.
                 from art_core.training.distributed import DistributedTrainer
 
                 entry.trainer = DistributedTrainer(
                     entry.base_path, entry.folder, self.training_world
                 )
             else:
-                from art_core.training.trainer import Trainer
+                from art_core.training.trainer import Trainer  # torch, as above
 
                 entry.trainer = Trainer(entry.base_path, entry.folder, device=self.device)
         return entry.trainer
@@ -473,7 +477,7 @@ class LocalBackend(BackendBase):
         (hit rate, tokens prefilled vs asked for, bytes, evictions); for a replicated model,
         each replica's (in flight, tokens/s, restarts, its prefix cache), also written as a
         ``serving`` record of ``history.jsonl``."""
-        from art_core.engines.router import ReplicaRouter
+        from art_core.engines.router import ReplicaRouter  # as in _replica_router
 
         engine = entry.served.engine
         if not isinstance(engine, ReplicaRouter):
@@ -529,6 +533,7 @@ class LocalBackend(BackendBase):
         """
         if entry.train_thread is not None:
             return entry.train_thread
+        # torch (device.py imports it): only once training runs beside serving.
         from art_core.device import choose_device, use_cpu_threads
         from art_core.engines.transformers_engine import TransformersEngine
 
@@ -564,7 +569,7 @@ class LocalBackend(BackendBase):
         pool, threads = entry.train_thread, entry.threads_before_split
         if pool is None:
             return
-        from art_core.device import use_cpu_threads
+        from art_core.device import use_cpu_threads  # torch, as in _train_thread
 
         entry.train_thread = entry.threads_before_split = None
         pool.shutdown(wait=False)
@@ -589,8 +594,7 @@ class LocalBackend(BackendBase):
         as for ``train``: engine paused, the epochs run on the model's torch thread, the new
         adapter loaded, serving resumed.
         """
-        from art_core.sft.data import demonstrations
-        from art_core.sft.render import SFTRenderer
+        from art_core.sft.render import SFTRenderer  # torch (the renderer's tensors)
 
         config = self.sft_config(config, overrides)
         entry = self._entry(model)
@@ -695,7 +699,6 @@ class LocalBackend(BackendBase):
     ) -> ExportResult:
         """Export a checkpoint of ``model``'s folder (``art_core.export.export_checkpoint``,
         in a worker thread; base models resolve under this backend's path)."""
-        from art_core.export import export_checkpoint
 
         return await asyncio.to_thread(
             functools.partial(

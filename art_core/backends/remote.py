@@ -30,7 +30,10 @@ from tqdm.auto import tqdm
 from art_core.backends.base import BackendBase, ProgressCallback
 from art_core.chat_formats import chat_format_settings
 from art_core.export.api import ExportFormat, ExportResult
+from art_core.export.manifest import MANIFEST_FILE
+from art_core.export.staging import build_atomically, check_out, final_path, scratch_dir
 from art_core.metrics import hooks as metric_hooks
+from art_core.sft.data import check_demonstration, demonstrations
 from art_core.tracing import hooks as tracing
 from art_core.trajectories import LLMCall, TrajectoryGroup, new_id, require_finished
 
@@ -270,7 +273,6 @@ class RemoteBackend(BackendBase):
         """Supervised epochs on the server (``LocalBackend.train_sft`` there), streamed like a
         ``train`` step. Files are read here; each record is checked here and sent with its
         label, so an error on the server still names ``chat.jsonl:7``."""
-        from art_core.sft.data import check_demonstration, demonstrations
 
         config = self.sft_config(config, overrides)
         demos = await asyncio.to_thread(demonstrations, trajectories)
@@ -296,6 +298,7 @@ class RemoteBackend(BackendBase):
         on_progress: ProgressCallback | None,
     ) -> TrainResult:
         """Run a training call (``train``, ``train_sft``) as a server job and follow it."""
+        # Pydantic models: kept off `import art_core` (~15 ms).
         from art_core.training.config import TrainResult
 
         job_id = new_id("job")
@@ -427,10 +430,12 @@ class RemoteBackend(BackendBase):
 
     @staticmethod
     def _job_error(event: dict[str, Any]) -> Exception:
+        # The training package: kept off `import art_core`.
+        from art_core.training.cancel import TrainingCancelled
+
         error = event.get("error") or {}
         kind, message = str(error.get("type", "Error")), str(error.get("message", ""))
         # Imported here: art_core.training loads torch, which a remote client need not.
-        from art_core.training.cancel import TrainingCancelled
 
         if event.get("status") == "cancelled" or kind == "TrainingCancelled":
             return TrainingCancelled(message)
@@ -532,9 +537,7 @@ class RemoteBackend(BackendBase):
             >>> await backend.export(model, "exports/agent", format="merged")  # doctest: +SKIP
             ExportResult(path=PosixPath('/home/me/exports/agent'), format='merged', ...)
         """
-        from art_core.export.archive import relocate, unpack
-        from art_core.export.manifest import MANIFEST_FILE
-        from art_core.export.staging import build_atomically, check_out, final_path, scratch_dir
+        from art_core.export.archive import relocate, unpack  # tarfile: kept off `import art_core`
 
         target = final_path(out)
         check_out(target, overwrite)

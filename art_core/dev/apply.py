@@ -39,6 +39,9 @@ def train_defaults(internal_config: Mapping[str, Any] | None) -> tuple[dict[str,
         >>> train_defaults({"peft_args": {"r": 16}, "engine_args": {"enforce_eager": True}})
         ({'lora_rank': 16}, ['engine_args.enforce_eager'])
     """
+    # Pydantic models: kept off `import art_core` (~15 ms).
+    from art_core.training.config import TrainConfig
+
     fields: dict[str, Any] = {}
     ignored: list[str] = []
     for section, values in (internal_config or {}).items():
@@ -59,8 +62,6 @@ def train_defaults(internal_config: Mapping[str, Any] | None) -> tuple[dict[str,
             elif field is not None:
                 fields[field] = value
             elif section == "trainer_args" and key in _BETAS:
-                from art_core.training.config import TrainConfig
-
                 default = TrainConfig.model_fields["adam_betas"].default
                 betas = list(fields.get("adam_betas", default))
                 betas[_BETAS.index(key)] = value

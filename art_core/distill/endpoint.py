@@ -31,14 +31,16 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 import orjson
 
 from art_core.distill.scores import MAX_TOP_K, TeacherScores, trained_positions
 from art_core.engines.prompt_logprobs import from_wire
-from art_core.training.sequences import TokenSequence
+
+if TYPE_CHECKING:
+    from art_core.training.sequences import TokenSequence
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,8 +26,10 @@ from art_core.device import choose_device, follow_free_cores, serving_dtype, use
 from art_core.distill.scores import MAX_TOP_K, TeacherScores, trained_positions
 from art_core.embedded import is_embedded_name, resolve_base_model
 from art_core.embedded.gguf import is_gguf_name
-from art_core.training.kept_logits import KeptLogits
-from art_core.training.sequences import TokenSequence
+from art_core.kept_logits import KeptLogits
+
+if TYPE_CHECKING:
+    from art_core.training.sequences import TokenSequence
 
 logger = logging.getLogger(__name__)
 

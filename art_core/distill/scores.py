@@ -17,10 +17,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from art_core.engines.base import MAX_PROMPT_LOGPROBS
-from art_core.training.sequences import TokenSequence
+
+if TYPE_CHECKING:
+    from art_core.training.sequences import TokenSequence
 
 # The most top logprobs a teacher may be asked for: what a prompt_logprobs request may ask.
 MAX_TOP_K = MAX_PROMPT_LOGPROBS
@@ -95,6 +97,7 @@ def trained_positions(sequence: TokenSequence) -> list[int]:
     """The indices of a sequence's trained tokens (each scored from the ids before it).
 
     Example:
+        >>> from art_core.training.sequences import TokenSequence
         >>> trained_positions(TokenSequence([1, 2, 3, 4], [False, True, False, True],
         ...                                 [0.0, -1.0, 0.0, -1.0]))
         [1, 3]

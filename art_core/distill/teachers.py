@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from art_core.distill.endpoint import EndpointTeacher
 from art_core.distill.scores import Teacher, TeacherScores
 
 if TYPE_CHECKING:
@@ -29,8 +30,6 @@ def make_teacher(config: TeacherConfig, *, device: str | None = None) -> Teacher
         'LocalTeacher'
     """
     if config.base_url is not None:
-        from art_core.distill.endpoint import EndpointTeacher
-
         api_key = None
         if config.api_key_env is not None:
             api_key = os.environ.get(config.api_key_env)
@@ -41,6 +40,7 @@ def make_teacher(config: TeacherConfig, *, device: str | None = None) -> Teacher
         return EndpointTeacher(
             config.base_url, config.model, api_key=api_key, timeout_s=config.timeout_s
         )
+    # Torch and transformers: on first use.
     from art_core.distill.local import LocalTeacher
 
     return LocalTeacher(config.model, adapter=config.adapter, device=device)

@@ -50,7 +50,7 @@ def convert_smollm2(folder: Path) -> None:
     # The GGUF weights are dequantized on load; without this save_pretrained would try to
     # save them through the (absent) quantizer.
     model.hf_quantizer = None  # type: ignore[assignment]
-    model.config.quantization_config = None  # type: ignore[assignment]
+    model.config.quantization_config = None
     # SmolLM2's own template cannot render tools; ours is the same ChatML plus tool turns.
     tokenizer.chat_template = tool_chat_template()
     model.save_pretrained(folder)

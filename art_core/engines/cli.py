@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from art_core.engines.select import choose_engine
 from art_core.engines.vllm_runtime import has_cuda, install_vllm_runtime, runtime_kind, vllm_status
 
 
@@ -13,7 +14,6 @@ def report() -> int:
     Example:
         >>> report()  # doctest: +SKIP
     """
-    from art_core.engines.select import choose_engine
 
     status = vllm_status()
     device = "CUDA" if has_cuda() else "CPU"
@@ -23,7 +23,7 @@ def report() -> int:
     return 0
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("engines", help="list inference engines; install vLLM's runtime")
     parser.set_defaults(func=lambda args: report())
     actions = parser.add_subparsers(dest="action")

@@ -71,7 +71,7 @@ def pack_linears(model: nn.Module, *, max_bytes: int = 2 << 30) -> int:
         logger.warning("not pre-packing linear weights: %s", exc)
         return 0
     for linear, weight in zip(linears, packed, strict=True):
-        linear._art_packed = weight  # type: ignore[assignment]
+        linear._art_packed = weight
         restore_forward(linear)
     return len(linears)
 

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from art_core.engines.base import EngineError
-from art_core.engines.replicas import ReplicaSpec
+from art_core.engines.replica_spec import ReplicaSpec
 from art_core.engines.tokenizer import ChatTokenizer
+from art_core.engines.worker import ThreadedWorker, build_engine
 from art_core.engines.worker_engine import WorkerClient
 
 logger = logging.getLogger(__name__)
@@ -41,8 +42,6 @@ class EngineWorkerActor:
         max_loras: int,
         prefix_cache_bytes: int | None = None,
     ) -> None:
-        from art_core.engines.worker import ThreadedWorker, build_engine
-
         engine = build_engine(
             Path(model_path),
             device=device,

@@ -9,23 +9,16 @@ by Ray (``ray_replicas.py``). A ``ReplicaRouter`` serves them as one engine.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from art_core.cpu import cpu_budget
 from art_core.engines.base import Engine
+from art_core.engines.ray_replicas import RayPlacement, RayWorkerEngine, bundle_of
+from art_core.engines.replica_spec import ReplicaSpec
 from art_core.engines.tokenizer import ChatTokenizer
+from art_core.engines.worker_engine import WorkerEngine
 
-
-@dataclass(frozen=True)
-class ReplicaSpec:
-    """One replica: its index, device (None: auto), torch threads and the CPUs it is pinned
-    to (None: not pinned)."""
-
-    index: int
-    device: str | None
-    threads: int | None
-    cpus: tuple[int, ...] | None
+__all__ = ["ReplicaSpec", "build_replicas", "plan_replicas"]
 
 
 def _allowed_cpus() -> list[int]:
@@ -83,8 +76,6 @@ def build_replicas(
     """The engines of ``specs``: worker processes, or Ray actors with ``ray_address``
     (``"auto"``: the running cluster, or a new local one)."""
     if ray_address is not None:
-        from art_core.engines.ray_replicas import RayPlacement, RayWorkerEngine, bundle_of
-
         placement = RayPlacement(ray_address, [bundle_of(spec) for spec in specs], "PACK")
         return [
             RayWorkerEngine(
@@ -98,7 +89,6 @@ def build_replicas(
             )
             for spec in specs
         ]
-    from art_core.engines.worker_engine import WorkerEngine
 
     return [
         WorkerEngine(

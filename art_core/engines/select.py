@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from art_core.engines.vllm_runtime import has_cuda, vllm_status
+
 ENGINES = ("auto", "transformers", "vllm")
 
 
@@ -20,6 +22,5 @@ def choose_engine(engine: str = "auto") -> str:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine != "auto":
         return engine
-    from art_core.engines.vllm_runtime import has_cuda, vllm_status
 
     return "vllm" if has_cuda() and vllm_status().available else "transformers"

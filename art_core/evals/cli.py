@@ -14,7 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from art_core.backends.local import LocalBackend
 from art_core.evals.evaluate import BEST, LATEST, EvalReport, evaluate, parse_steps
+from art_core.model import TrainableModel
 from art_core.model_folder import ModelFolder
 
 # A task file is read whole: past this size it is refused rather than filling memory.
@@ -91,7 +93,7 @@ def load_rollout(spec: str) -> Callable[..., Any]:
             f"--rollout {spec} is not an async function: "
             "`async def rollout(model, task: dict) -> art.Trajectory`"
         )
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 def _base_model(folder: ModelFolder, given: str | None, project: str, name: str) -> str:
@@ -131,11 +133,9 @@ async def _run(
     rollout: Callable[..., Any],
     base_model: str,
 ) -> EvalReport:
-    import art_core as art
-
-    backend = art.LocalBackend(path=args.path)
+    backend = LocalBackend(path=args.path)
     try:
-        model = art.TrainableModel(name=args.name, project=args.project, base_model=base_model)
+        model = TrainableModel(name=args.name, project=args.project, base_model=base_model)
         await model.register(backend)
         return await evaluate(
             model,
@@ -191,7 +191,7 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``eval`` with the ``art-core`` command line."""
     parser = subparsers.add_parser(
         "eval",

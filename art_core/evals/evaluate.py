@@ -20,6 +20,7 @@ choosing it on the tasks it is reported on would report the luck of the choice a
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -240,6 +241,63 @@ async def evaluate(
     """
     labels = parse_steps(steps)
     ks = sorted(set(k))
+    split, select_split = _check_options(
+        labels, ks, tasks, select_tasks, runs_per_task, max_concurrent, split, select_split
+    )
+    backend = model.backend()
+    folder = _model_folder(backend, model)
+    checkpoints = await asyncio.to_thread(folder.checkpoint_steps)
+    latest = checkpoints[-1] if checkpoints else 0
+    _check_steps_exist(labels, checkpoints, model.name)
+
+    score = functools.partial(
+        _score_step,
+        model,
+        backend,
+        folder,
+        rollout_fn,
+        runs_per_task=runs_per_task,
+        ks=ks,
+        solve_threshold=solve_threshold,
+        seed=seed,
+        resamples=resamples,
+        max_concurrent=max_concurrent,
+    )
+    # ``best``: every step is scored on the selection tasks (``_check_options`` saw them).
+    selection = [
+        await score(step, select_tasks or (), split=select_split, labels=())
+        for step in ([0, *checkpoints] if BEST in labels else [])
+    ]
+    best = _best_step(selection)
+    by_step = _labels_by_step(labels, latest=latest, best=best)
+    scores = [
+        await score(step, tasks, split=split, labels=tuple(names))
+        for step, names in by_step.items()
+    ]
+    report = EvalReport(
+        model=model.name,
+        split=split,
+        scores=scores,
+        select_split=select_split if selection else None,
+        selection=selection,
+        best_step=best,
+    )
+    if record:
+        await _record_scores(model, folder, report)
+    return report
+
+
+def _check_options(
+    labels: list[str],
+    ks: list[int],
+    tasks: Sequence[Task],
+    select_tasks: Sequence[Task] | None,
+    runs_per_task: int,
+    max_concurrent: int,
+    split: str,
+    select_split: str,
+) -> tuple[str, str]:
+    """``evaluate``'s argument checks; returns ``split`` and ``select_split`` checked."""
     if runs_per_task < 1:
         raise ValueError(f"runs_per_task must be >= 1, got {runs_per_task}")
     if not ks or any(not 1 <= each <= runs_per_task for each in ks):
@@ -263,67 +321,43 @@ async def evaluate(
                 f"on: select_split and split are both {split!r}"
             )
         _check_tasks(select_tasks, "select_tasks")
-    backend = model.backend()
-    folder = _model_folder(backend, model)
-    checkpoints = await asyncio.to_thread(folder.checkpoint_steps)
-    latest = checkpoints[-1] if checkpoints else 0
+    return split, select_split
+
+
+def _check_steps_exist(labels: list[str], checkpoints: list[int], model_name: str) -> None:
     for label in labels:
         if label not in (LATEST, BEST) and int(label) != 0 and int(label) not in checkpoints:
             raise ValueError(
-                f"step {label} of {model.name!r} has no checkpoint; steps that can be "
+                f"step {label} of {model_name!r} has no checkpoint; steps that can be "
                 f"evaluated: {[0, *checkpoints]}"
             )
 
-    async def score(
-        step: int, on: Sequence[Task], name: str, step_labels: tuple[str, ...]
-    ) -> StepScore:
-        return await _score_step(
-            model,
-            backend,
-            folder,
-            rollout_fn,
-            step,
-            on,
-            split=name,
-            labels=step_labels,
-            runs_per_task=runs_per_task,
-            ks=ks,
-            solve_threshold=solve_threshold,
-            seed=seed,
-            resamples=resamples,
-            max_concurrent=max_concurrent,
-        )
 
-    selection: list[StepScore] = []
-    best: int | None = None
-    if BEST in labels:
-        assert select_tasks is not None
-        for step in [0, *checkpoints]:
-            selection.append(await score(step, select_tasks, select_split, ()))
-        # max() keeps the first of equal means: ties go to the earlier step.
-        best = max(selection, key=lambda s: s.summary.mean_reward.value).step
-
+def _labels_by_step(labels: list[str], *, latest: int, best: int | None) -> dict[int, list[str]]:
+    """The step each label names (``latest`` and ``best`` resolved), with its labels."""
     by_step: dict[int, list[str]] = {}
     for label in labels:
         chosen = latest if label == LATEST else best if label == BEST else int(label)
         assert chosen is not None
         by_step.setdefault(chosen, []).append(label)
-    scores = [await score(step, tasks, split, tuple(names)) for step, names in by_step.items()]
-    report = EvalReport(
-        model=model.name,
-        split=split,
-        scores=scores,
-        select_split=select_split if selection else None,
-        selection=selection,
-        best_step=best,
-    )
-    if record:
-        for step_score in scores:
-            entry = step_score.record()
-            await asyncio.to_thread(folder.append_history, entry)
-            metric_hooks.history_logged(model, entry)
-            report.records.append(entry)
-    return report
+    return by_step
+
+
+def _best_step(selection: list[StepScore]) -> int | None:
+    """The step with the highest mean reward on the selection tasks (None without them)."""
+    if not selection:
+        return None
+    # max() keeps the first of equal means: ties go to the earlier step.
+    return max(selection, key=lambda s: s.summary.mean_reward.value).step
+
+
+async def _record_scores(model: TrainableModel, folder: ModelFolder, report: EvalReport) -> None:
+    """One ``history.jsonl`` record per evaluated step (also kept in ``report.records``)."""
+    for step_score in report.scores:
+        entry = step_score.record()
+        await asyncio.to_thread(folder.append_history, entry)
+        metric_hooks.history_logged(model, entry)
+        report.records.append(entry)
 
 
 def _check_tasks(tasks: Sequence[Task] | None, name: str) -> None:

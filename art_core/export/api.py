@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,8 +12,8 @@ from typing import Any, Literal, get_args
 from art_core.export.manifest import write_manifest
 from art_core.export.merged import write_merged
 from art_core.export.peft_export import NOT_COPIED, WEIGHT_SUFFIXES, write_peft
-from art_core.export.select import choose_checkpoint, history_at, metrics_of
-from art_core.export.source import default_art_path, open_source, resolve_source
+from art_core.export.select import Choice, choose_checkpoint, history_at, metrics_of
+from art_core.export.source import SourceModel, default_art_path, open_source, resolve_source
 from art_core.export.staging import build_atomically, check_out, final_path, scratch_dir
 from art_core.model_folder import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, ModelFolder
 
@@ -52,7 +53,7 @@ def _check_format(format: str, gguf_type: str) -> None:
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}: use one of {', '.join(FORMATS)}")
     if format == "gguf":
-        from art_core.export.gguf import SUPPORTED_TYPES
+        from art_core.export.gguf import SUPPORTED_TYPES  # numpy and gguf: only for a GGUF
 
         if gguf_type not in SUPPORTED_TYPES:
             raise ValueError(
@@ -160,18 +161,55 @@ def export_checkpoint(
     _check_format(format, gguf_type)
     folder, meta = open_source(model_dir)
     target = final_path(out)
-    if _inside(target, folder.checkpoints):
-        raise ValueError(f"out ({target}) must not be inside the model's checkpoints folder")
-    if _inside(folder.root, target):
-        raise ValueError(f"out ({target}) is or holds the model folder {folder.root}")
+    _check_target(target, folder)
     choice = choose_checkpoint(folder, step=step, best=best, higher_is_better=higher_is_better)
     check_out(target, overwrite)
     art_path = Path(art_path) if art_path is not None else default_art_path(folder)
     source = resolve_source(folder, meta, art_path)
-    art_root = art_path.expanduser().resolve()
     checkpoint = folder.checkpoint(choice.step)
-    records = history_at(folder, choice.step)
-    metrics = metrics_of(records)
+    manifest = _manifest(
+        source, folder, checkpoint, choice, art_path.expanduser().resolve(), portable=portable
+    )
+    build = functools.partial(
+        _write_export,
+        format,
+        checkpoint,
+        source,
+        target=target,
+        manifest=manifest,
+        gguf_type=gguf_type,
+        gguf_name=f"{source.name}-step{choice.step}",
+        portable=portable,
+    )
+    build_atomically(target, build, overwrite=overwrite)
+    return ExportResult(
+        path=target,
+        format=format,
+        step=choice.step,
+        base_model=source.hub_id or source.base_model,
+        metrics=manifest["metrics"],
+    )
+
+
+def _check_target(target: Path, folder: ModelFolder) -> None:
+    """``out`` may neither lie inside the model's checkpoints nor hold the model folder."""
+    if _inside(target, folder.checkpoints):
+        raise ValueError(f"out ({target}) must not be inside the model's checkpoints folder")
+    if _inside(folder.root, target):
+        raise ValueError(f"out ({target}) is or holds the model folder {folder.root}")
+
+
+def _manifest(
+    source: SourceModel,
+    folder: ModelFolder,
+    checkpoint: Path,
+    choice: Choice,
+    art_root: Path,
+    *,
+    portable: bool,
+) -> dict[str, Any]:
+    """The manifest's entries after the format's: the source (relative paths when
+    ``portable``), the checkpoint chosen, the base model and the history up to the step."""
     base_json = source.base_json()
     source_json: dict[str, Any] = {**source.as_json(), "checkpoint": str(checkpoint)}
     if portable:
@@ -180,47 +218,45 @@ def export_checkpoint(
         source_json["folder"] = _relative(folder.root, art_root)
         source_json["checkpoint"] = _relative(checkpoint, folder.root)
         base_json["path"] = _relative(source.base_path.resolve(), art_root)
+    records = history_at(folder, choice.step)
+    return {
+        "source": source_json,
+        "step": choice.step,
+        "selected_by": choice.as_json(),
+        "base_model": base_json,
+        "metrics": metrics_of(records),
+        "history": records,
+    }
 
-    def build(staging: Path) -> None:
-        extra: dict[str, Any] = {}
-        if format == "peft":
-            base_json["referenced_as"] = write_peft(
-                checkpoint, source, staging, target, portable=portable
-            )
-        elif format == "merged":
-            extra["dtype"] = write_merged(checkpoint, source.base_path, staging)
-        else:
-            extra["gguf_type"] = gguf_type
-            extra["gguf_file"] = _write_gguf(
-                checkpoint,
-                source.base_path,
-                staging,
-                target,
-                gguf_type,
-                f"{source.name}-step{choice.step}",
-            )
-        write_manifest(
-            staging,
-            {
-                "format": format,
-                **extra,
-                "source": source_json,
-                "step": choice.step,
-                "selected_by": choice.as_json(),
-                "base_model": base_json,
-                "metrics": metrics,
-                "history": records,
-            },
+
+def _write_export(
+    format: ExportFormat,
+    checkpoint: Path,
+    source: SourceModel,
+    staging: Path,
+    *,
+    target: Path,
+    manifest: dict[str, Any],
+    gguf_type: str,
+    gguf_name: str,
+    portable: bool,
+) -> None:
+    """Write the export's files in ``format`` into ``staging``, then its ``export.json``:
+    ``manifest`` after the format-specific entries (a PEFT export records in its
+    ``base_model`` entry how it names its base)."""
+    extra: dict[str, Any] = {}
+    if format == "peft":
+        manifest["base_model"]["referenced_as"] = write_peft(
+            checkpoint, source, staging, target, portable=portable
         )
-
-    build_atomically(target, build, overwrite=overwrite)
-    return ExportResult(
-        path=target,
-        format=format,
-        step=choice.step,
-        base_model=source.hub_id or source.base_model,
-        metrics=metrics,
-    )
+    elif format == "merged":
+        extra["dtype"] = write_merged(checkpoint, source.base_path, staging)
+    else:
+        extra["gguf_type"] = gguf_type
+        extra["gguf_file"] = _write_gguf(
+            checkpoint, source.base_path, staging, target, gguf_type, gguf_name
+        )
+    write_manifest(staging, {"format": format, **extra, **manifest})
 
 
 def _write_gguf(

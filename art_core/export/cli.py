@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``export`` with the ``art-core`` command line."""
     parser = subparsers.add_parser(
         "export",

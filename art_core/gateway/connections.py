@@ -79,6 +79,101 @@ class ConnectionState:
     evicted: int = 0
     timed_out: int = 0
 
+    def evict_oldest_idle(self, older_than: float | None = None) -> bool:
+        """Close the connection that has waited longest for its first request (only if it
+        came before ``older_than``); whether one was closed."""
+        if not self.idle:
+            return False
+        oldest, since = next(iter(self.idle.items()))
+        if older_than is not None and since > older_than:
+            return False
+        del self.idle[oldest]
+        self.evicted += 1
+        oldest.transport.close()
+        return True
+
+
+class ConnectionGuard:
+    """The limits, as a mixin over uvicorn's protocol class (``guarded_protocol`` sets the
+    class attributes ``state``, ``limits`` and ``max_connections``)."""
+
+    state: ConnectionState
+    limits: ConnectionLimits
+    max_connections: int
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        state, limits = self.state, self.limits
+        self._guard_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+        if len(state.open) >= self.max_connections and not state.evict_oldest_idle():
+            self._refused = True
+            state.refused += 1
+            transport.abort()
+            return
+        super().connection_made(transport)  # type: ignore[misc]
+        state.open.add(self)
+        now = self.loop.time()
+        state.idle[self] = now
+        while len(state.idle) > limits.max_idle_connections:
+            if not state.evict_oldest_idle(older_than=now - MIN_IDLE_AGE_S):
+                break
+        # The request the connection is expected to start next follows this cycle.
+        self._waiting_after = self.cycle
+        self._arm(limits.header_timeout_s, self._on_header_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
+        self._disarm()
+        self.state.open.discard(self)
+        self.state.idle.pop(self, None)
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def data_received(self, data: bytes) -> None:
+        if self._waiting_after is not None and self.cycle is self._waiting_after:
+            # First bytes after a keep-alive pause: the next headers are now due.
+            if self._guard_timer is None:
+                self._arm(self.limits.header_timeout_s, self._on_header_timeout)
+        super().data_received(data)  # type: ignore[misc]
+        cycle = self.cycle
+        if cycle is None or cycle is self._waiting_after:
+            return  # still inside the headers
+        self.state.idle.pop(self, None)
+        if getattr(cycle, "more_body", False) and not getattr(cycle, "response_complete", True):
+            self._arm(self.limits.body_idle_timeout_s, self._on_body_timeout)  # progress: re-arm
+        else:
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        self._disarm()
+        self._waiting_after = self.cycle  # the header deadline restarts with new bytes
+
+    def _arm(self, delay: float, callback: Any) -> None:
+        self._disarm()
+        self._guard_timer = self.loop.call_later(delay, callback)
+
+    def _disarm(self) -> None:
+        if self._guard_timer is not None:
+            self._guard_timer.cancel()
+            self._guard_timer = None
+
+    def _on_header_timeout(self) -> None:
+        self._guard_timer = None
+        if self.cycle is self._waiting_after and not self.transport.is_closing():
+            self.state.timed_out += 1
+            self.transport.close()
+
+    def _on_body_timeout(self) -> None:
+        self._guard_timer = None
+        cycle = self.cycle
+        if cycle is not None and getattr(cycle, "more_body", False):
+            self.state.timed_out += 1
+            self.transport.close()
+
 
 def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> type[Any]:
     """``base`` (uvicorn's httptools or h11 protocol class) with ``limits`` enforced; the
@@ -90,95 +185,12 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits) -> 
         >>> protocol.state.refused
         0
     """
-    state = ConnectionState()
-    max_connections = limits.effective_max_connections()
-
-    class GuardedProtocol(base):  # type: ignore[valid-type, misc]
-        def connection_made(self, transport: asyncio.Transport) -> None:
-            self._guard_timer: asyncio.TimerHandle | None = None
-            self._refused = False
-            if len(state.open) >= max_connections and not _evict_oldest_idle():
-                self._refused = True
-                state.refused += 1
-                transport.abort()
-                return
-            super().connection_made(transport)
-            state.open.add(self)
-            now = self.loop.time()
-            state.idle[self] = now
-            while len(state.idle) > limits.max_idle_connections:
-                if not _evict_oldest_idle(older_than=now - MIN_IDLE_AGE_S):
-                    break
-            # The request the connection is expected to start next follows this cycle.
-            self._waiting_after = self.cycle
-            self._arm(limits.header_timeout_s, self._on_header_timeout)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._refused:
-                return
-            self._disarm()
-            state.open.discard(self)
-            state.idle.pop(self, None)
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            if self._waiting_after is not None and self.cycle is self._waiting_after:
-                # First bytes after a keep-alive pause: the next headers are now due.
-                if self._guard_timer is None:
-                    self._arm(limits.header_timeout_s, self._on_header_timeout)
-            super().data_received(data)
-            cycle = self.cycle
-            if cycle is None or cycle is self._waiting_after:
-                return  # still inside the headers
-            state.idle.pop(self, None)
-            if getattr(cycle, "more_body", False) and not getattr(cycle, "response_complete", True):
-                self._arm(limits.body_idle_timeout_s, self._on_body_timeout)  # progress: re-arm
-            else:
-                self._disarm()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._disarm()
-            self._waiting_after = self.cycle  # the header deadline restarts with new bytes
-
-        def _arm(self, delay: float, callback: Any) -> None:
-            self._disarm()
-            self._guard_timer = self.loop.call_later(delay, callback)
-
-        def _disarm(self) -> None:
-            if self._guard_timer is not None:
-                self._guard_timer.cancel()
-                self._guard_timer = None
-
-        def _on_header_timeout(self) -> None:
-            self._guard_timer = None
-            if self.cycle is self._waiting_after and not self.transport.is_closing():
-                state.timed_out += 1
-                self.transport.close()
-
-        def _on_body_timeout(self) -> None:
-            self._guard_timer = None
-            cycle = self.cycle
-            if cycle is not None and getattr(cycle, "more_body", False):
-                state.timed_out += 1
-                self.transport.close()
-
-    def _evict_oldest_idle(older_than: float | None = None) -> bool:
-        """Close the connection that has waited longest for its first request (only if it
-        came before ``older_than``); whether one was closed."""
-        if not state.idle:
-            return False
-        oldest, since = next(iter(state.idle.items()))
-        if older_than is not None and since > older_than:
-            return False
-        del state.idle[oldest]
-        state.evicted += 1
-        oldest.transport.close()
-        return True
-
-    GuardedProtocol.state = state  # type: ignore[attr-defined]
-    GuardedProtocol.__name__ = f"Guarded{base.__name__}"
-    return GuardedProtocol
+    attributes = {
+        "state": ConnectionState(),
+        "limits": limits,
+        "max_connections": limits.effective_max_connections(),
+    }
+    return type(f"Guarded{base.__name__}", (ConnectionGuard, base), attributes)
 
 
 def http_protocol_class() -> type[asyncio.Protocol]:

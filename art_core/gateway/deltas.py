@@ -1,12 +1,13 @@
-"""A call's text as it is sampled: what every streaming wire API sends, in one place.
+"""A request's text as it is sampled: what every streaming wire API sends, in one place.
 
 Each streamed API (chat completions, Responses, Anthropic Messages, completions) shapes the
 same two things into its own events: the new text of each choice as it is sampled, and,
-once every choice is recorded, the recorded calls. Text is yielded as reasoning and content
-deltas, holding back only what could still turn into a stop string (which is cut from the
-answer), a reasoning tag, or tool-call markup of the model's format (which never reaches
-the content). The deltas of a choice are always a prefix of the recorded answer's
-reasoning and content; ``rest`` gives what the recorded answer adds to them.
+once every call is recorded, the recorded calls. Text is yielded as reasoning and content
+deltas (as each call's reader makes them, ``answers``), holding back only what could still
+turn into a stop string (which is cut from the answer), a reasoning tag, or tool-call
+markup of the model's format (which never reaches the content). The deltas of a choice are
+always a prefix of the recorded answer's reasoning and content; ``rest`` gives what the
+recorded answer adds to them.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
-from art_core.chat_formats.format import safe_before
 from art_core.gateway.recording import sample_and_record
 from art_core.gateway.requests import PreparedCall
 from art_core.trajectories import LLMCall
@@ -26,24 +27,36 @@ FIELDS = ("reasoning_content", "content")
 
 @dataclass(frozen=True)
 class TextDelta:
-    """New text of one choice: ``field`` is ``"reasoning_content"`` or ``"content"``."""
+    """New text of one choice: ``field`` is ``"reasoning_content"`` or ``"content"``;
+    ``call`` is the request's call it belongs to (Completions: one per prompt)."""
 
     choice: int
     field: str
     text: str
+    call: int = 0
 
 
 @dataclass(frozen=True)
 class Recorded:
-    """Every choice sampled and recorded (the last item of ``sampled_deltas``)."""
+    """Every call sampled and recorded (the last item of ``sampled_deltas``): each call's
+    choices in order (empty for a call whose sampling failed) and the first failure."""
 
-    calls: list[LLMCall]
+    calls: list[list[LLMCall]]
+    failure: BaseException | None = None
 
 
 class StreamedText:
-    """What was sent of each choice's fields, to compute deltas and the final rest."""
+    """What was sent of each choice's fields (of call ``call``), to compute deltas and the
+    final rest.
 
-    def __init__(self, n: int) -> None:
+    Example:
+        >>> text = StreamedText(1)
+        >>> text.advance(0, {"content": "Hel"}), text.advance(0, {"content": "Hello"})[0].text
+        ([TextDelta(choice=0, field='content', text='Hel', call=0)], 'lo')
+    """
+
+    def __init__(self, n: int, call: int = 0) -> None:
+        self.call = call
         self.sent: dict[int, dict[str, str]] = {i: dict.fromkeys(FIELDS, "") for i in range(n)}
 
     def advance(self, choice: int, now: dict[str, str | None]) -> list[TextDelta]:
@@ -54,7 +67,7 @@ class StreamedText:
         for field in FIELDS:
             text = now.get(field)
             if text and len(text) > len(sent[field]) and text.startswith(sent[field]):
-                deltas.append(TextDelta(choice, field, text[len(sent[field]) :]))
+                deltas.append(TextDelta(choice, field, text[len(sent[field]) :], self.call))
                 sent[field] = text
         return deltas
 
@@ -70,44 +83,50 @@ class StreamedText:
 
 
 async def sampled_deltas(
-    call: PreparedCall, text: StreamedText | None = None
+    calls: list[PreparedCall], texts: list[StreamedText]
 ) -> AsyncIterator[TextDelta | Recorded]:
-    """Sample and record ``call``, yielding each choice's text deltas as they come and then
-    ``Recorded``. The sampling and recording are not cancelled by a consumer that stops
-    early (a client that hangs up): they go on and the calls are recorded. An engine error
-    is raised once the deltas sent before it are out.
+    """Sample and record ``calls`` side by side, yielding each choice's text deltas as they
+    come (``texts[i]`` keeps what was sent of call ``i``) and then ``Recorded``. The sampling
+    and recording are not cancelled by a consumer that stops early (a client that hangs up):
+    they go on and the calls are recorded. A call that fails is in ``Recorded.failure``.
 
     Example:
-        >>> async for item in sampled_deltas(prepared):  # doctest: +SKIP
+        >>> async for item in sampled_deltas([prepared], [StreamedText(1)]):  # doctest: +SKIP
         ...     print(item)
     """
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[int, list[int]]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, int, list[int]]] = asyncio.Queue()
 
-    def on_tokens(choice: int, ids: list[int]) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, (choice, ids))
+    def listener(i: int) -> Any:
+        def on_tokens(choice: int, ids: list[int]) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (i, choice, ids))
 
-    task = asyncio.ensure_future(sample_and_record(call, on_tokens=on_tokens))
-    text = text or StreamedText(call.params.n)
-    chat_format = call.served.chat.format
-    stops = [s for s in call.params.stop if s]
-    sampled: dict[int, list[int]] = {i: [] for i in range(call.params.n)}
-    while not task.done() or not queue.empty():
+        return on_tokens
+
+    tasks = [
+        call.served.start_sampling(sample_and_record(call, on_tokens=listener(i)))
+        for i, call in enumerate(calls)
+    ]
+    sampled: dict[tuple[int, int], list[int]] = {}
+    while not all(task.done() for task in tasks) or not queue.empty():
         getter = asyncio.ensure_future(queue.get())
-        done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+        pending = {task for task in tasks if not task.done()}
+        done, _ = await asyncio.wait({getter, *pending}, return_when=asyncio.FIRST_COMPLETED)
         if getter not in done:
             getter.cancel()
             continue
-        choice, ids = getter.result()
-        sampled[choice].extend(ids)
-        decoded = chat_format.decode(sampled[choice], parses_tools=call.parses_tools)
-        if decoded.endswith("\ufffd"):
-            continue  # an incomplete UTF-8 sequence: wait for the next token
-        reasoning, content = chat_format.stream_split(
-            safe_before(decoded, stops),
-            parses_tools=call.parses_tools,
-            opened_reasoning=call.opened_reasoning,
-        )
-        for delta in text.advance(choice, {"reasoning_content": reasoning, "content": content}):
-            yield delta
-    yield Recorded(task.result())
+        i, choice, ids = getter.result()
+        so_far = sampled.setdefault((i, choice), [])
+        so_far.extend(ids)
+        now = calls[i].reader.streamed(calls[i], so_far)
+        if now is not None:
+            for delta in texts[i].advance(choice, now):
+                yield delta
+    failures = [task.exception() for task in tasks]
+    yield Recorded(
+        [
+            [] if failed else task.result().calls
+            for task, failed in zip(tasks, failures, strict=True)
+        ],
+        next((failed for failed in failures if failed is not None), None),
+    )

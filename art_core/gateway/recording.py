@@ -1,28 +1,44 @@
 """Sampling a prepared call and recording every choice before anything is answered.
 
 Each choice becomes an ``LLMCall``: the exact prompt and sampled ids, the sampler's
-logprobs, the text and the parsed assistant message (tool calls), the finish reason and the
-adapter step that served it. The call store commits it before the response leaves, so a
-rollout that crashes keeps every call it completed.
+logprobs, the text and the answer its API's reader makes of it (``answers``: the parsed
+assistant message with tool calls, or the raw text), the finish reason and the adapter step
+that served it. The call store commits it before the response leaves, so a rollout that
+crashes keeps every call it completed.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
-from art_core.chat_formats import ParsedAnswer
-from art_core.engines.base import GenerationRequest, GenerationResult, TokenCallback
+from art_core.engines.base import (
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    PromptLogprob,
+    TokenCallback,
+)
 from art_core.gateway.requests import PreparedCall
 from art_core.trajectories import LLMCall
 
 
-async def sample_and_record(
-    call: PreparedCall, on_tokens: TokenCallback | None = None
-) -> list[LLMCall]:
+@dataclass(frozen=True)
+class Sampled:
+    """A call's recorded choices, in order, and its prompt's scores when the request asked
+    (``prompt_logprobs``; answered, not recorded)."""
+
+    calls: list[LLMCall]
+    prompt_logprobs: list[PromptLogprob | None] | None = None
+
+
+async def sample_and_record(call: PreparedCall, on_tokens: TokenCallback | None = None) -> Sampled:
     """Run ``call`` on its engine, then record one ``LLMCall`` per choice, in order.
 
     Example:
-        >>> calls = await sample_and_record(prepared)  # doctest: +SKIP
+        >>> sampled = await sample_and_record(prepared)  # doctest: +SKIP
+        >>> sampled.calls[0].finish_reason  # doctest: +SKIP
+        'stop'
     """
     started = time.time()
     results = await call.served.engine.generate(
@@ -35,30 +51,30 @@ async def sample_and_record(
         )
     )
     latency = time.time() - started
+    scored = results[0].prompt_logprobs if results else None
+    if call.params.prompt_logprobs is not None and scored is None:
+        # Nothing is recorded: the call failed as a whole (an engine that ignored the field).
+        raise EngineError("this model's engine does not score prompts (prompt_logprobs)")
     if call.clock:
         call.clock.mark("queue+engine")
     calls = [to_llm_call(call, result, started, latency) for result in results]
     await call.served.store.record_request(calls)
     if call.clock:
         call.clock.mark("record")
-    return calls
+    return Sampled(calls, scored)
 
 
 def to_llm_call(
     call: PreparedCall, result: GenerationResult, started: float, latency: float
 ) -> LLMCall:
-    """The record of one choice: ids, logprobs, text, the parsed message and its finish.
+    """The record of one choice: ids, logprobs, text, the answer its API's reader makes of
+    them (``call.reader``) and its finish.
 
-    The answer is read in the model's own chat format (``served.chat.format``): reasoning,
-    tool calls in the family's markup, or (lenient) bare call JSON, which is noted in the
-    call's metadata as ``tool_call_parser: "bare_json"``."""
-    tokenizer = call.served.tokenizer
-    answer = parse_answer(call, result)
-    message = answer.message()
-    finish = result.finish_reason
-    if answer.tool_calls and finish == "stop" and not answer.truncated:
-        finish = "tool_calls"
-    parsed_by = {"tool_call_parser": answer.parser} if answer.tool_calls else {}
+    Example:
+        >>> to_llm_call(prepared, result, time.time(), 0.1).completion_token_ids  # doctest: +SKIP
+        [9906, 0]
+    """
+    answer = call.reader.answer(call, result)
     return LLMCall(
         rollout_id=call.rollout_id,
         index=call.index,
@@ -73,29 +89,14 @@ def to_llm_call(
         prompt_token_ids=call.prompt_ids,
         completion_token_ids=result.token_ids,
         logprobs=result.logprobs,
-        completion_text=tokenizer.decode(result.token_ids, skip_special_tokens=False),
-        response_message=message,
-        finish_reason=finish,
+        completion_text=call.served.tokenizer.decode(result.token_ids, skip_special_tokens=False),
+        response_message=answer.message,
+        finish_reason=answer.finish_reason,
         created_at=started,
         latency_s=latency,
         metadata={
             **call.metadata,
-            **parsed_by,
+            **answer.metadata,
             **({"top_logprobs": result.top_logprobs} if result.top_logprobs else {}),
         },
-    )
-
-
-def parse_answer(call: PreparedCall, result: GenerationResult) -> ParsedAnswer:
-    """The answer one choice's ids make, in the served model's chat format (a stop string
-    that ended it is cut first)."""
-    chat_format = call.served.chat.format
-    text = chat_format.decode(result.token_ids, parses_tools=call.parses_tools)
-    if result.stop_string and result.stop_string in text:
-        text = text[: text.index(result.stop_string)]
-    return chat_format.parse(
-        text,
-        call.tools,
-        parses_tools=call.parses_tools,
-        opened_reasoning=call.opened_reasoning,
     )

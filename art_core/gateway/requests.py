@@ -1,7 +1,7 @@
 """From an OpenAI chat-completion request to what the engine runs: token ids and params.
 
-``read_request`` parses and validates the body (and the ``x-art-metadata`` header);
-``prepare_call`` renders the messages with the chat template (splicing the ids of earlier
+``validate_request`` validates a chat body (and the ``x-art-metadata`` header; every wire
+API's request becomes one, ``reading``); ``prepare_call`` renders the messages with the chat template (splicing the ids of earlier
 calls of the rollout), checks the context, and compiles ``tool_choice`` / ``response_format``
 into a grammar. Everything that can fail for the request's own reasons fails here, as a 4xx,
 before any sampling starts.
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
 from art_core.chat_formats import ChatFormat
 from art_core.engines.base import SamplingParams
+from art_core.gateway.answers import CHAT_FORMAT, AnswerReader
 from art_core.gateway.body import parse_json_object
 from art_core.gateway.errors import APIError, validation_message
 from art_core.gateway.grammar import json_grammar
@@ -34,10 +35,8 @@ from art_core.gateway.schemas import (
     SchemaChecks,
     schema_is_checked,
 )
+from art_core.gateway.served import ServedModel
 from art_core.gateway.timing import StageClock
-
-if TYPE_CHECKING:
-    from art_core.gateway.app import ServedModel
 
 # Fields of the request that are recorded with each call (messages and tools are recorded in
 # their own fields, metadata in the call's metadata; streaming options do not change what was
@@ -79,6 +78,8 @@ class PreparedCall:
     opened_reasoning: bool = False
     # The wire API the request came through (recorded with each call).
     api: str = "chat.completions"
+    # How a choice's ids become its answer: the model's chat format, or raw text.
+    reader: AnswerReader = CHAT_FORMAT
 
     @property
     def parses_tools(self) -> bool:
@@ -86,50 +87,31 @@ class PreparedCall:
         return bool(self.tools) and self.chat.tool_choice != "none"
 
 
-async def read_request(
-    raw: bytes,
-    header: str | None,
-    *,
-    schema_checks: SchemaChecks,
-    max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
-) -> ChatRequest:
-    """Parse and validate a chat-completion body (on the loop when it is cheap, else on a
-    worker thread); ``APIError`` 400 naming what was wrong. ``schema_checks`` remembers the
-    JSON Schemas that passed.
-
-    Example:
-        >>> request = await read_request(raw, None, schema_checks=SchemaChecks())  # doctest: +SKIP
-    """
-    if len(raw) + len(header or "") > INLINE_BODY_BYTES:
-        return await asyncio.to_thread(
-            _read_request, raw, header, schema_checks, max_metadata_bytes
-        )
-    payload = parse_json_object(raw)
-    if _unchecked_schemas(payload, schema_checks):
-        return await asyncio.to_thread(
-            _validate_request, payload, header, schema_checks, max_metadata_bytes
-        )
-    return _validate_request(payload, header, schema_checks, max_metadata_bytes)
-
-
-def _read_request(
-    raw: bytes, header: str | None, schema_checks: SchemaChecks, max_metadata_bytes: int
-) -> ChatRequest:
-    return _validate_request(parse_json_object(raw), header, schema_checks, max_metadata_bytes)
-
-
-def _validate_request(
+def validate_request(
     payload: dict[str, Any],
     header: str | None,
     schema_checks: SchemaChecks,
-    max_metadata_bytes: int,
+    max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
 ) -> ChatRequest:
+    """A chat-completion body validated (``APIError`` 400 naming what was wrong), with the
+    call's metadata (the body's and the ``x-art-metadata`` header's). ``schema_checks``
+    remembers the JSON Schemas that passed.
+
+    Example:
+        >>> validate_request({"model": "m", "messages": []}, None, SchemaChecks()).chat.model
+        'm'
+    """
     chat = parse_chat_request(payload, schema_checks)
     return ChatRequest(payload, chat, request_metadata(chat, header, max_metadata_bytes))
 
 
-def _unchecked_schemas(payload: dict[str, Any], checks: SchemaChecks) -> bool:
-    """Whether the body carries a JSON Schema not checked before (checking is slow)."""
+def unchecked_schemas(payload: dict[str, Any], checks: SchemaChecks) -> bool:
+    """Whether the body carries a JSON Schema not checked before (checking is slow).
+
+    Example:
+        >>> unchecked_schemas({"model": "m", "messages": []}, SchemaChecks())
+        False
+    """
     schemas: list[Any] = []
     tools = payload.get("tools")
     for tool in tools if isinstance(tools, list) else ():
@@ -230,31 +212,6 @@ def _token_limit(chat: ChatCompletionRequest, served: ServedModel, prompt_len: i
     return min(limit, context - prompt_len)
 
 
-def _check_prompt_length(served: ServedModel, messages: list[dict[str, Any]]) -> int:
-    """The messages' length in characters; 400 when that many cannot fit the context.
-
-    A token covers at most ``max_token_chars`` characters, so a prompt of more than
-    ``context * max_token_chars`` characters is too long whatever its tokens: refused without
-    tokenizing it (a 5 MB prompt costs seconds to tokenize).
-    """
-    chars = 0
-    for message in messages:
-        chars += len(message["content"])
-        for call in message.get("tool_calls") or ():
-            chars += len(call["function"]["arguments"]) + len(call["function"]["name"])
-    context = served.engine.context_length
-    most = context * served.prompts.max_token_chars
-    if chars > most:
-        raise APIError(
-            400,
-            f"the messages have {chars} characters, more than the {most} that the model's "
-            f"context of {context} tokens can hold",
-            param="messages",
-            code="context_length_exceeded",
-        )
-    return chars
-
-
 async def prepare_call(
     served: ServedModel,
     adapter: str | None,
@@ -280,22 +237,7 @@ async def prepare_call(
         (1.0, 0)
     """
     chat = request.chat
-    messages = [normalize_message(m.model_dump(exclude_none=True)) for m in chat.messages]
-    tools = [t.model_dump(exclude_none=True) for t in chat.tools] if chat.tools else None
-    template_kwargs = chat.chat_template_kwargs
-    chars = _check_prompt_length(served, messages)
-    if tools:
-        chars += len(orjson.dumps(tools))
-    try:
-        if chars <= INLINE_PROMPT_CHARS and not (rollout_id and served.store.evicted(rollout_id)):
-            history = served.store.calls_for(rollout_id) if rollout_id else []
-            prompt_ids = served.prompts.build(messages, tools, history, template_kwargs)
-        else:
-            prompt_ids = await asyncio.to_thread(
-                _build_prompt, served, messages, tools, rollout_id, template_kwargs
-            )
-    except Exception as exc:  # a template that cannot render these messages
-        raise APIError(400, f"cannot render the messages with the chat template: {exc}") from None
+    messages, tools, prompt_ids = await render_prompt(served, chat, rollout_id)
     limit = _token_limit(chat, served, len(prompt_ids))
     params_recorded = (
         recorded_params(request.payload) if request_params is None else dict(request_params)
@@ -354,6 +296,62 @@ def recorded_params(payload: dict[str, Any]) -> dict[str, Any]:
     if ignored:
         params["ignored_fields"] = ignored[:MAX_IGNORED_NAMES]
     return params
+
+
+async def render_prompt(
+    served: ServedModel, chat: ChatCompletionRequest, rollout_id: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, list[int]]:
+    """The request's messages and tools as the gateway records them, and the prompt's ids:
+    the chat template with tools, spliced onto the ids of the rollout's earlier call (on
+    the event loop for a short prompt, else on a worker thread). 400 for messages that
+    cannot fit the context (by their length, before tokenizing) or that the template
+    cannot render.
+
+    Example:
+        >>> messages, tools, ids = await render_prompt(served, chat, "r1")  # doctest: +SKIP
+    """
+    messages = [normalize_message(m.model_dump(exclude_none=True)) for m in chat.messages]
+    tools = [t.model_dump(exclude_none=True) for t in chat.tools] if chat.tools else None
+    template_kwargs = chat.chat_template_kwargs
+    chars = _check_prompt_length(served, messages)
+    if tools:
+        chars += len(orjson.dumps(tools))
+    try:
+        if chars <= INLINE_PROMPT_CHARS and not (rollout_id and served.store.evicted(rollout_id)):
+            history = served.store.calls_for(rollout_id) if rollout_id else []
+            prompt_ids = served.prompts.build(messages, tools, history, template_kwargs)
+        else:
+            prompt_ids = await asyncio.to_thread(
+                _build_prompt, served, messages, tools, rollout_id, template_kwargs
+            )
+    except Exception as exc:  # a template that cannot render these messages
+        raise APIError(400, f"cannot render the messages with the chat template: {exc}") from None
+    return messages, tools, prompt_ids
+
+
+def _check_prompt_length(served: ServedModel, messages: list[dict[str, Any]]) -> int:
+    """The messages' length in characters; 400 when that many cannot fit the context.
+
+    A token covers at most ``max_token_chars`` characters, so a prompt of more than
+    ``context * max_token_chars`` characters is too long whatever its tokens: refused without
+    tokenizing it (a 5 MB prompt costs seconds to tokenize).
+    """
+    chars = 0
+    for message in messages:
+        chars += len(message["content"])
+        for call in message.get("tool_calls") or ():
+            chars += len(call["function"]["arguments"]) + len(call["function"]["name"])
+    context = served.engine.context_length
+    most = context * served.prompts.max_token_chars
+    if chars > most:
+        raise APIError(
+            400,
+            f"the messages have {chars} characters, more than the {most} that the model's "
+            f"context of {context} tokens can hold",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    return chars
 
 
 def _build_prompt(

@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from art_core.background import Worker
 from art_core.metrics.mlflow_rest import (
     ExperimentChoice,
     MlflowError,
@@ -31,7 +32,6 @@ from art_core.metrics.mlflow_rest import (
     resolve_tracking_uri,
     str_field,
 )
-from art_core.tracing.worker import Worker
 
 logger = logging.getLogger("art_core.metrics")
 

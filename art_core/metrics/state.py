@@ -12,8 +12,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from art_core.tracing.settings import env_flag
-from art_core.tracing.switch import ProcessSwitch
+from art_core.switch import ProcessSwitch, env_flag
 
 if TYPE_CHECKING:
     from art_core.metrics.mlflow import MlflowLogger
@@ -73,6 +72,7 @@ def enable_wandb(project: str | None = None, entity: str | None = None, **init_k
         >>> from art_core import metrics
         >>> metrics.enable_wandb(project="agent-rl")  # doctest: +SKIP
     """
+    # Loaded once enabled.
     from art_core.metrics.wandb import WandbLogger
 
     previous = _state.swap(WandbLogger(project=project, entity=entity, **init_kwargs))
@@ -111,6 +111,7 @@ def enable_mlflow(
         >>> metrics.enable_mlflow("http://127.0.0.1:5000", experiment_name="agent-rl")
         >>> metrics.disable_mlflow()
     """
+    # Loaded once enabled (httpx's MLflow client).
     from art_core.metrics.mlflow import MlflowLogger
 
     logger = MlflowLogger(

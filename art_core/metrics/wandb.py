@@ -13,7 +13,7 @@ import os
 import re
 from typing import Any
 
-from art_core.tracing.worker import Worker
+from art_core.background import Worker
 
 logger = logging.getLogger("art_core.metrics")
 

@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
+from art_core.backends.base import Backend
 from art_core.files import atomic_write_text
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
-    from art_core.backends.base import Backend
     from art_core.model import TrainableModel
     from art_core.training.config import TrainConfig, TrainResult
 
@@ -211,43 +211,22 @@ class PipelineTrainer:
         progress: bool = True,
         overlap: bool | None = None,
     ) -> None:
-        from art_core.backends.base import Backend
-
-        positional = list(args)
-        if positional and isinstance(positional[0], Backend):  # ART: (model, backend, ...)
-            backend = positional.pop(0)
-        names = ["rollout_fn", "scenarios", "config", "eval_fn"]
-        if len(positional) > len(names):
-            raise TypeError(f"PipelineTrainer takes at most {len(names) + 2} positional arguments")
-        given = dict(zip(names, positional, strict=False))
-        rollout_fn = given.get("rollout_fn", rollout_fn)
-        scenarios = given.get("scenarios", scenarios)
-        config = given.get("config", config)
-        eval_fn = given.get("eval_fn", eval_fn)
-        if rollout_fn is None or scenarios is None:
-            raise TypeError("PipelineTrainer needs a rollout_fn and scenarios")
-        if groups_per_step is not None and min_batch_size is not None:
-            raise TypeError("give groups_per_step or ART's min_batch_size, not both")
-        batch = groups_per_step or min_batch_size or 4
-        for name, value, low in (
-            ("groups_per_step", batch, 1),
-            ("max_steps_off_policy", max_steps_off_policy, 0),
-            ("eval_every_n_steps", eval_every_n_steps, 0),
-            (
-                "max_groups_without_signal",
-                1 if max_groups_without_signal is None else max_groups_without_signal,
-                1,
-            ),
-        ):
-            if value < low:
-                raise ValueError(f"{name} must be >= {low}, got {value}")
-        if group_size is not None and group_size < 2:
-            raise ValueError(f"group_size must be >= 2 (GRPO compares runs), got {group_size}")
-        if max_steps is not None and max_steps < 0:
-            raise ValueError(f"max_steps must be >= 0, got {max_steps}")
+        backend, rollout_fn, scenarios, config, eval_fn = _art_call_shape(
+            args, backend, rollout_fn, scenarios, config, eval_fn
+        )
+        batch = _checked_batch(
+            group_size=group_size,
+            groups_per_step=groups_per_step,
+            min_batch_size=min_batch_size,
+            max_steps_off_policy=max_steps_off_policy,
+            eval_every_n_steps=eval_every_n_steps,
+            max_groups_without_signal=max_groups_without_signal,
+            max_steps=max_steps,
+        )
         self.model = model
         self.backend = backend
-        self.rollout_fn = rollout_fn
+        # A group, or with group_size one Trajectory: _run_group checks what came back.
+        self.rollout_fn: Any = rollout_fn
         self.scenarios = scenarios
         self.config = config
         self.eval_fn = eval_fn
@@ -287,6 +266,7 @@ class PipelineTrainer:
         normalize_advantages: bool | None,
         kl_penalty_coef: float | None,
     ) -> TrainConfig:
+        # Pydantic models: kept off `import art_core` (~15 ms).
         from art_core.training.config import TrainConfig
 
         base = config or TrainConfig(truncated_importance_sampling=2.0)
@@ -575,6 +555,65 @@ class PipelineTrainer:
             items = list(items)
             if items:
                 await self.model.log(items, split=split)
+
+
+def _art_call_shape(
+    args: tuple[Any, ...],
+    backend: Backend | None,
+    rollout_fn: RolloutFn | None,
+    scenarios: Iterable[Any] | AsyncIterator[Any] | None,
+    config: Any,
+    eval_fn: EvalFn | None,
+) -> tuple[Backend | None, RolloutFn, Iterable[Any] | AsyncIterator[Any], Any, EvalFn | None]:
+    """``PipelineTrainer``'s positional arguments after the model, in either call shape
+    (ours, or ART's with the backend first), merged with the keywords."""
+    positional = list(args)
+    if positional and isinstance(positional[0], Backend):  # ART: (model, backend, ...)
+        backend = positional.pop(0)
+    names = ["rollout_fn", "scenarios", "config", "eval_fn"]
+    if len(positional) > len(names):
+        raise TypeError(f"PipelineTrainer takes at most {len(names) + 2} positional arguments")
+    given = dict(zip(names, positional, strict=False))
+    rollout_fn = given.get("rollout_fn", rollout_fn)
+    scenarios = given.get("scenarios", scenarios)
+    config = given.get("config", config)
+    eval_fn = given.get("eval_fn", eval_fn)
+    if rollout_fn is None or scenarios is None:
+        raise TypeError("PipelineTrainer needs a rollout_fn and scenarios")
+    return backend, rollout_fn, scenarios, config, eval_fn
+
+
+def _checked_batch(
+    *,
+    group_size: int | None,
+    groups_per_step: int | None,
+    min_batch_size: int | None,
+    max_steps_off_policy: int,
+    eval_every_n_steps: int,
+    max_groups_without_signal: int | None,
+    max_steps: int | None,
+) -> int:
+    """``PipelineTrainer``'s size checks; returns the groups per step (default 4)."""
+    if groups_per_step is not None and min_batch_size is not None:
+        raise TypeError("give groups_per_step or ART's min_batch_size, not both")
+    batch = groups_per_step or min_batch_size or 4
+    for name, value, low in (
+        ("groups_per_step", batch, 1),
+        ("max_steps_off_policy", max_steps_off_policy, 0),
+        ("eval_every_n_steps", eval_every_n_steps, 0),
+        (
+            "max_groups_without_signal",
+            1 if max_groups_without_signal is None else max_groups_without_signal,
+            1,
+        ),
+    ):
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+    if group_size is not None and group_size < 2:
+        raise ValueError(f"group_size must be >= 2 (GRPO compares runs), got {group_size}")
+    if max_steps is not None and max_steps < 0:
+        raise ValueError(f"max_steps must be >= 0, got {max_steps}")
+    return batch
 
 
 def _arity(fn: Callable[..., Any]) -> int:

@@ -219,36 +219,14 @@ async def judge_runs(
     )
     extra = options.body_params
     store = RulerCache(options.cache_path) if options.cache else None
-    key = cache_key(
-        judge_model=endpoint.model,
-        rubric=options.rubric,
-        request={
-            "messages": prompt.messages,
-            "response_format": (
-                response_format(prompt.run_ids) if options.structured_output else None
-            ),
-            "extra_params": extra,
-        },
-    )
+    key = _judge_cache_key(endpoint.model, options, prompt)
     if options.debug:
         _debug_print(
             f"judge prompt for {endpoint.model}",
             "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in prompt.messages),
         )
 
-    by_id: dict[str, RulerScore] | None = None
-    if store is not None:
-        cached = await store.get(key)
-        if cached is not None:
-            try:
-                # Re-validate: the file is outside our control and may be corrupt or edited.
-                by_id = parse_reply(json.dumps(cached), prompt.run_ids)
-            except RulerReplyError as exc:
-                logger.warning("ignoring an invalid RULER cache entry: %s", exc)
-            else:
-                if options.debug:
-                    _debug_print("judge reply (from the cache)", _pretty(json.dumps(cached)))
-
+    by_id = None if store is None else await _cached_verdicts(store, key, prompt, options.debug)
     calls = _Calls()
     if by_id is None:
         async with endpoint.client(options.timeout_s) as client:
@@ -266,6 +244,54 @@ async def judge_runs(
                 key, endpoint.model, {"scores": [s.model_dump() for s in by_id.values()]}
             )
 
+    return Judgement(
+        scores=_scores_in_input_order(prompt, by_id),
+        judge_model=endpoint.model,
+        judge_calls=calls.count,
+        prompt_tokens=calls.prompt_tokens,
+        completion_tokens=calls.completion_tokens,
+        latency_s=calls.latency_s,
+        cache_hit=calls.count == 0,
+        unique_runs=len(prompt.run_ids),
+        truncated_tool_results=prompt.truncated_tool_results,
+    )
+
+
+def _judge_cache_key(judge_model: str, options: RulerOptions, prompt: JudgePrompt) -> str:
+    """The cache key of a judge request: the model, the rubric and what is sent."""
+    return cache_key(
+        judge_model=judge_model,
+        rubric=options.rubric,
+        request={
+            "messages": prompt.messages,
+            "response_format": (
+                response_format(prompt.run_ids) if options.structured_output else None
+            ),
+            "extra_params": options.body_params,
+        },
+    )
+
+
+async def _cached_verdicts(
+    store: RulerCache, key: str, prompt: JudgePrompt, debug: bool
+) -> dict[str, RulerScore] | None:
+    """The cached verdicts for ``key`` by run id, or None (no entry, or an invalid one)."""
+    cached = await store.get(key)
+    if cached is None:
+        return None
+    try:
+        # Re-validate: the file is outside our control and may be corrupt or edited.
+        by_id = parse_reply(json.dumps(cached), prompt.run_ids)
+    except RulerReplyError as exc:
+        logger.warning("ignoring an invalid RULER cache entry: %s", exc)
+        return None
+    if debug:
+        _debug_print("judge reply (from the cache)", _pretty(json.dumps(cached)))
+    return by_id
+
+
+def _scores_in_input_order(prompt: JudgePrompt, by_id: dict[str, RulerScore]) -> list[RulerScore]:
+    """One score per input run (duplicates share their unique run's verdict), ids 1, 2, ..."""
     scores = []
     for position, run in enumerate(prompt.run_of_input):
         verdict = by_id[prompt.run_ids[run]]
@@ -276,17 +302,7 @@ async def judge_runs(
                 explanation=verdict.explanation,
             )
         )
-    return Judgement(
-        scores=scores,
-        judge_model=endpoint.model,
-        judge_calls=calls.count,
-        prompt_tokens=calls.prompt_tokens,
-        completion_tokens=calls.completion_tokens,
-        latency_s=calls.latency_s,
-        cache_hit=calls.count == 0,
-        unique_runs=len(prompt.run_ids),
-        truncated_tool_results=prompt.truncated_tool_results,
-    )
+    return scores
 
 
 async def ruler(

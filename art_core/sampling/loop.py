@@ -21,7 +21,7 @@ from typing import Literal
 
 from tqdm.auto import tqdm
 
-from art_core.gather import AfterEach, TooManyExceptions
+from art_core.sampling.groups import AfterEach, TooManyExceptions
 from art_core.sampling.report import SamplingReport
 from art_core.tracing import hooks as tracing
 from art_core.trajectories import Trajectory, TrajectoryGroup
@@ -79,6 +79,38 @@ async def gather_groups_with_signal(
         ...     next_job, groups_with_signal=4, max_rollouts=256)  # doctest: +SKIP
         >>> print(report.summary())  # doctest: +SKIP
     """
+    _check_limits(
+        groups_with_signal=groups_with_signal,
+        max_rollouts=max_rollouts,
+        max_group_size=max_group_size,
+        growth=growth,
+        max_concurrent_groups=max_concurrent_groups,
+    )
+    sampler = _SignalSampler(
+        next_job,
+        groups_with_signal=groups_with_signal,
+        max_rollouts=max_rollouts,
+        max_group_size=max_group_size,
+        growth=growth,
+        keep_all_equal=keep_all_equal,
+        after_each=after_each,
+        max_exceptions=max_exceptions,
+        max_concurrent_groups=max_concurrent_groups,
+        pbar_desc=pbar_desc,
+        on_group=on_group,
+    )
+    await sampler.sample()
+    return sampler.result()
+
+
+def _check_limits(
+    *,
+    groups_with_signal: int,
+    max_rollouts: int,
+    max_group_size: int | None,
+    growth: int,
+    max_concurrent_groups: int | None,
+) -> None:
     if groups_with_signal < 1:
         raise ValueError(f"groups_with_signal must be >= 1, got {groups_with_signal}")
     if max_rollouts < 1:
@@ -90,34 +122,154 @@ async def gather_groups_with_signal(
     if max_concurrent_groups is not None and max_concurrent_groups < 1:
         raise ValueError(f"max_concurrent_groups must be >= 1, got {max_concurrent_groups}")
 
-    report = SamplingReport(groups_wanted=groups_with_signal, discards_all_equal=not keep_all_equal)
-    slots = min(groups_with_signal, max_concurrent_groups or groups_with_signal)
-    launched = 0  # rollouts reserved so far (the budget), growth included
-    over_budget = False
-    kept: list[tuple[int, TrajectoryGroup]] = []
-    all_equal: list[tuple[int, TrajectoryGroup]] = []
-    bar = tqdm(total=0, desc=pbar_desc, disable=pbar_desc is None, unit="rollout")
-    reward = {"sum": 0.0, "count": 0}  # as sampled (progress bar)
-    rewards = {"sum": 0.0, "count": 0}  # as scored, groups not dropped (report)
 
-    def count(group: TrajectoryGroup) -> None:
+_Finished = tuple[GroupJob, TrajectoryGroup, TrajectoryGroup | None]
+
+
+class _SignalSampler:
+    """The state of one ``gather_groups_with_signal`` call: the rollout budget, the groups in
+    flight, kept and all-equal, the report and the progress bar."""
+
+    def __init__(
+        self,
+        next_job: NextJob,
+        *,
+        groups_with_signal: int,
+        max_rollouts: int,
+        max_group_size: int | None,
+        growth: int,
+        keep_all_equal: bool,
+        after_each: AfterEach | None,
+        max_exceptions: int | float,
+        max_concurrent_groups: int | None,
+        pbar_desc: str | None,
+        on_group: OnGroup | None,
+    ) -> None:
+        self.next_job = next_job
+        self.groups_with_signal = groups_with_signal
+        self.max_rollouts = max_rollouts
+        self.max_group_size = max_group_size
+        self.growth = growth
+        self.keep_all_equal = keep_all_equal
+        self.after_each = after_each
+        self.max_exceptions = max_exceptions
+        self.on_group = on_group
+        self.report = SamplingReport(
+            groups_wanted=groups_with_signal, discards_all_equal=not keep_all_equal
+        )
+        self.slots = min(groups_with_signal, max_concurrent_groups or groups_with_signal)
+        self.launched = 0  # rollouts reserved so far (the budget), growth included
+        self.over_budget = False
+        self.exhausted = False
+        self.started = 0
+        self.kept: list[tuple[int, TrajectoryGroup]] = []
+        self.all_equal: list[tuple[int, TrajectoryGroup]] = []
+        self.running: dict[asyncio.Future[_Finished], int] = {}
+        self.bar = tqdm(total=0, desc=pbar_desc, disable=pbar_desc is None, unit="rollout")
+        self.sampled = {"sum": 0.0, "count": 0}  # rewards as sampled (progress bar)
+        self.scored = {"sum": 0.0, "count": 0}  # rewards as scored, groups not dropped (report)
+
+    async def sample(self) -> None:
+        """Start groups and collect them until enough have a signal or none can start."""
+        try:
+            while True:
+                self.start_groups()
+                if not self.running:
+                    break
+                done, _ = await asyncio.wait(self.running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    order = self.running.pop(task)
+                    self.file_group(order, *task.result())
+        except BaseException:
+            for task in self.running:
+                task.cancel()
+            raise
+        finally:
+            self.bar.close()
+
+    def start_groups(self) -> None:
+        """Start jobs from ``next_job`` while a slot is free and the budget allows."""
+        while (
+            not self.exhausted
+            and not self.over_budget
+            and len(self.kept) + len(self.running) < self.groups_with_signal
+            and len(self.running) < self.slots
+        ):
+            job = self.next_job(self.max_rollouts - self.launched)
+            if job is None:
+                self.exhausted = True
+            elif job == OVER_BUDGET:
+                self.over_budget = True
+            else:
+                assert isinstance(job, GroupJob)
+                if job.group.pending > self.max_rollouts - self.launched:
+                    job.group.cancel_pending()  # none of it runs
+                    self.over_budget = True
+                    return
+                self.reserve(job.group.pending)
+                self.running[asyncio.ensure_future(self.run(job))] = self.started
+                self.started += 1
+
+    def file_group(
+        self, order: int, job: GroupJob, raw: TrajectoryGroup, scored: TrajectoryGroup | None
+    ) -> None:
+        """Count a finished group and keep it (signal), set it aside (all equal) or drop it."""
+        report = self.report
+        if scored is None:
+            report.groups_dropped += 1
+            return
+        if self.on_group is not None:
+            self.on_group(job, scored)
+        self.scored["sum"] += sum(t.reward for t in scored.trajectories)
+        self.scored["count"] += len(scored.trajectories)
+        if scored.has_signal:
+            report.groups_with_signal += 1
+            self.kept.append((order, scored))
+            return
+        report.groups_all_equal += 1
+        report.rollouts_all_equal += _size(raw)
+        if self.keep_all_equal:
+            self.kept.append((order, scored))
+        elif len(self.all_equal) < self.groups_with_signal:
+            self.all_equal.append((order, scored))
+
+    def result(self) -> tuple[list[TrajectoryGroup], SamplingReport]:
+        """The groups kept (in start order; the all-equal ones when none had a signal) and
+        the report with its mean reward and stop reason."""
+        report = self.report
+        if self.scored["count"]:
+            report.reward = self.scored["sum"] / self.scored["count"]
+        if len(self.kept) >= self.groups_with_signal:
+            report.stop_reason = "enough_groups"
+        elif self.over_budget:
+            report.stop_reason = "max_rollouts"
+        else:
+            report.stop_reason = "no_more_groups"
+        chosen = self.kept or self.all_equal
+        return [group for _, group in sorted(chosen, key=lambda item: item[0])], report
+
+    def count(self, group: TrajectoryGroup) -> None:
+        """Add a group's rollouts to the report and the progress bar; raise
+        ``TooManyExceptions`` past ``max_exceptions``."""
+        report, bar, sampled = self.report, self.bar, self.sampled
         report.rollouts += _size(group)
         report.exceptions += len(group.exceptions)
-        reward["sum"] += sum(t.reward for t in group.trajectories)
-        reward["count"] += len(group.trajectories)
+        sampled["sum"] += sum(t.reward for t in group.trajectories)
+        sampled["count"] += len(group.trajectories)
         bar.total = max(bar.total, bar.n + _size(group))
         bar.update(_size(group))
         bar.set_postfix(
             signal=report.groups_with_signal,
             all_equal=report.groups_all_equal,
-            reward=f"{reward['sum'] / reward['count']:.3f}" if reward["count"] else "-",
+            reward=f"{sampled['sum'] / sampled['count']:.3f}" if sampled["count"] else "-",
             exceptions=report.exceptions,
             refresh=False,
         )
+        max_exceptions = self.max_exceptions
         limit = (
             max_exceptions
             if max_exceptions >= 1 or max_exceptions == 0
-            else max_exceptions * launched
+            else max_exceptions * self.launched
         )
         if report.exceptions > limit:
             last = group.exceptions[-1] if group.exceptions else None
@@ -126,118 +278,52 @@ async def gather_groups_with_signal(
                 f"last: {last.type + ': ' + last.message if last else 'n/a'}"
             )
 
-    def reserve(wanted: int) -> int:
-        nonlocal launched, over_budget
-        granted = min(wanted, max_rollouts - launched)
+    def reserve(self, wanted: int) -> int:
+        """Take up to ``wanted`` rollouts from the budget; returns how many were granted."""
+        granted = min(wanted, self.max_rollouts - self.launched)
         if granted < wanted:
-            over_budget = True
-        launched += max(granted, 0)
-        bar.total = launched
-        bar.refresh()
+            self.over_budget = True
+        self.launched += max(granted, 0)
+        self.bar.total = self.launched
+        self.bar.refresh()
         return max(granted, 0)
 
-    async def score(group: TrajectoryGroup, may_grow: bool) -> TrajectoryGroup | None:
-        if after_each is None:
+    async def score(self, group: TrajectoryGroup, may_grow: bool) -> TrajectoryGroup | None:
+        if self.after_each is None:
             return group
         # A group that may grow is scored on a copy: the next round scores the whole group
         # afresh from the rollouts' own rewards (RULER rewrites them in place).
-        result = after_each(group.model_copy(deep=True) if may_grow else group)
+        result = self.after_each(group.model_copy(deep=True) if may_grow else group)
         if inspect.isawaitable(result):
             result = await result
         return result
 
-    async def run(job: GroupJob) -> tuple[GroupJob, TrajectoryGroup, TrajectoryGroup | None]:
+    def may_grow(self, job: GroupJob, raw: TrajectoryGroup) -> bool:
+        return (
+            job.more is not None
+            and self.max_group_size is not None
+            and _size(raw) < self.max_group_size
+        )
+
+    async def run(self, job: GroupJob) -> _Finished:
+        """Run a job's group, score it, and grow it while it is all equal and may grow."""
         tracing.gathering()  # the rollouts are traced once after_each has run
         raw = await job.group.run()
-        count(raw)
-
-        def may_grow() -> bool:
-            return (
-                job.more is not None and max_group_size is not None and _size(raw) < max_group_size
-            )
-
-        scored = await score(raw, may_grow())
+        self.count(raw)
+        scored = await self.score(raw, self.may_grow(job, raw))
         grown = False
-        while scored is not None and not scored.has_signal and may_grow():
-            assert job.more is not None and max_group_size is not None
-            extra = reserve(min(growth, max_group_size - _size(raw)))
+        while scored is not None and not scored.has_signal and self.may_grow(job, raw):
+            assert job.more is not None and self.max_group_size is not None
+            extra = self.reserve(min(self.growth, self.max_group_size - _size(raw)))
             if extra == 0:
                 break
             more = await TrajectoryGroup(job.more(extra)).run()
             raw.trajectories.extend(more.trajectories)
             raw.exceptions.extend(more.exceptions)
-            report.rollouts_added += extra
+            self.report.rollouts_added += extra
             grown = True
-            count(more)
-            scored = await score(raw, may_grow())
-        report.groups_grown += grown
+            self.count(more)
+            scored = await self.score(raw, self.may_grow(job, raw))
+        self.report.groups_grown += grown
         tracing.group_finished(raw, scored)
         return job, raw, scored
-
-    running: dict[
-        asyncio.Future[tuple[GroupJob, TrajectoryGroup, TrajectoryGroup | None]], int
-    ] = {}
-    started = 0
-    exhausted = False
-    try:
-        while True:
-            while (
-                not exhausted
-                and not over_budget
-                and len(kept) + len(running) < groups_with_signal
-                and len(running) < slots
-            ):
-                job = next_job(max_rollouts - launched)
-                if job is None:
-                    exhausted = True
-                elif job == OVER_BUDGET:
-                    over_budget = True
-                else:
-                    assert isinstance(job, GroupJob)
-                    if job.group.pending > max_rollouts - launched:
-                        job.group.cancel_pending()  # none of it runs
-                        over_budget = True
-                        break
-                    reserve(job.group.pending)
-                    running[asyncio.ensure_future(run(job))] = started
-                    started += 1
-            if not running:
-                break
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                order = running.pop(task)
-                job, raw, scored = task.result()
-                if scored is None:
-                    report.groups_dropped += 1
-                    continue
-                if on_group is not None:
-                    on_group(job, scored)
-                rewards["sum"] += sum(t.reward for t in scored.trajectories)
-                rewards["count"] += len(scored.trajectories)
-                if scored.has_signal:
-                    report.groups_with_signal += 1
-                    kept.append((order, scored))
-                    continue
-                report.groups_all_equal += 1
-                report.rollouts_all_equal += _size(raw)
-                if keep_all_equal:
-                    kept.append((order, scored))
-                elif len(all_equal) < groups_with_signal:
-                    all_equal.append((order, scored))
-    except BaseException:
-        for task in running:
-            task.cancel()
-        raise
-    finally:
-        bar.close()
-
-    if rewards["count"]:
-        report.reward = rewards["sum"] / rewards["count"]
-    if len(kept) >= groups_with_signal:
-        report.stop_reason = "enough_groups"
-    elif over_budget:
-        report.stop_reason = "max_rollouts"
-    else:
-        report.stop_reason = "no_more_groups"
-    chosen = kept or all_equal
-    return [group for _, group in sorted(chosen, key=lambda item: item[0])], report

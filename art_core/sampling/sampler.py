@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Generic, Literal, TypeVar
 
 from art_core.epochs import epoch_order
-from art_core.gather import AfterEach
+from art_core.sampling.groups import AfterEach
 from art_core.sampling.history import ScenarioHistory
 from art_core.sampling.loop import OVER_BUDGET, GroupJob, gather_groups_with_signal
 from art_core.sampling.report import SamplingReport

@@ -23,10 +23,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from art_core.gateway.app import ROLLOUT_ID
 from art_core.gateway.body import parse_json_object
 from art_core.gateway.errors import APIError, error_body, json_response
 from art_core.gateway.requests import INLINE_BODY_BYTES
+from art_core.gateway.serving import ROLLOUT_ID
 from art_core.names import check_name
 from art_core.server.errors import validation_body
 from art_core.server.export_space import ExportSpaceFull

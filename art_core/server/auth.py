@@ -6,39 +6,12 @@ The token comes as ``Authorization: Bearer <token>`` (OpenAI's clients) or as ``
 
 from __future__ import annotations
 
-import hmac
-
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from art_core.access import bearer_token, token_matches
 from art_core.gateway.errors import send_error
 
-
-def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header, or else of an ``x-api-key``
-    header (what Anthropic's clients send), if any.
-
-    Example:
-        >>> bearer_token([(b"authorization", b"Bearer abc")])
-        'abc'
-        >>> bearer_token([(b"x-api-key", b"abc")])
-        'abc'
-    """
-    api_key = None
-    for name, value in headers:
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
-        elif name == b"x-api-key" and value.strip():
-            api_key = value.decode("latin-1").strip()
-    return api_key
-
-
-def token_matches(given: str | None, expected: str) -> bool:
-    """Constant-time comparison, so response timing does not leak the token's prefix."""
-    if given is None:
-        return False
-    return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
+__all__ = ["BearerAuth", "bearer_token", "token_matches"]
 
 
 class BearerAuth:

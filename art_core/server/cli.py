@@ -176,7 +176,7 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``serve`` with the ``art-core`` command line."""
     parser = subparsers.add_parser(
         "serve",
@@ -189,6 +189,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``art-core serve``."""
+    _server_arguments(parser)
+    _shutdown_and_export_arguments(parser)
+    _connection_arguments(parser)
+    _training_arguments(parser)
+    _engine_arguments(parser)
+    parser.set_defaults(func=_run)
+
+
+def _server_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where it listens, who may call it, the requests and models it accepts."""
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     parser.add_argument("--port", type=int, default=7999, help="0 picks a free port")
     parser.add_argument("--path", default=".art", help="the art folder (models, checkpoints)")
@@ -224,6 +234,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="per model, what the calls of unreleased rollouts may hold in memory; past it the "
         "least recently active rollouts are kept on disk only (read back if they go on)",
     )
+
+
+def _shutdown_and_export_arguments(parser: argparse.ArgumentParser) -> None:
+    """How it drains on shutdown and how far exports in flight may go."""
     parser.add_argument(
         "--drain-timeout",
         type=_positive(float),
@@ -245,6 +259,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="scratch space exports in flight may hold together (default 64 GiB); an export "
         "that would pass it gets 503 + Retry-After",
     )
+
+
+def _connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """The limits on client connections (``ConnectionLimits``)."""
     connections = ConnectionLimits()
     parser.add_argument(
         "--max-connections",
@@ -271,6 +289,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=connections.body_idle_timeout_s,
         help="seconds a request body may stall before the request is dropped",
     )
+
+
+def _training_arguments(parser: argparse.ArgumentParser) -> None:
+    """What one training request may ask (``TrainLimits``)."""
     limits = TrainLimits()
     parser.add_argument(
         "--max-num-epochs",
@@ -290,6 +312,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="let training requests name a distillation teacher (TrainConfig.teacher): a model "
         "path this server loads or a URL it calls",
     )
+
+
+def _engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The inference engines: device, batching, prefix cache and replicas."""
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--max-batch-size", type=_positive(int), default=32)
@@ -327,7 +353,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the replicas as Ray actors on this cluster (auto: the running one, or a "
         "new local one); needs art-core[ray]",
     )
-    parser.set_defaults(func=_run)
 
 
 def main(argv: list[str] | None = None) -> int:

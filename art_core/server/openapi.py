@@ -76,6 +76,11 @@ class Operation:
 
 
 def _operations() -> list[Operation]:
+    return [*_inference_operations(), *_training_operations(), *_viewer_operations()]
+
+
+def _inference_operations() -> list[Operation]:
+    """The gateway's routes: health, rollout sampling and the wire APIs (also per rollout)."""
     chat = "Chat completion (OpenAI's protocol), recorded token-exactly"
     operations = [
         Operation("get", "/health", "Liveness and the models served"),
@@ -120,9 +125,13 @@ def _operations() -> list[Operation]:
                 errors="anthropic",
             ),
         ]
+    return operations
+
+
+def _training_operations() -> list[Operation]:
+    """The training API under ``/api``: models, steps, logs, exports and jobs."""
     after = (("after", {"type": "integer", "minimum": 0, "maximum": 999_999_999}),)
     return [
-        *operations,
         Operation("get", "/api/info", "The service, its models, whether auth is on"),
         Operation("post", "/api/models/register", "Load (or re-bind) a model", RegisterRequest),
         Operation("get", MODEL, "A registered model"),
@@ -157,7 +166,6 @@ def _operations() -> list[Operation]:
             "get", "/api/jobs/{job_id}/events", "A job's progress events (NDJSON)",
             query=after, streams=True,
         ),
-        *_viewer_operations(),
     ]  # fmt: skip
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 from art_core.backends.local import LocalBackend
 from art_core.embedded import EMBEDDED_MODELS, BaseModelError, is_embedded_name
+from art_core.export.api import estimate_export_bytes, export_checkpoint
+from art_core.export.archive import pack
 from art_core.gateway.errors import scrub_paths
 from art_core.model import TrainableModel
 from art_core.model_folder import ModelFolder
@@ -39,6 +41,7 @@ from art_core.server.schemas import (
     to_groups,
 )
 from art_core.server.settings import ServeSettings
+from art_core.sft.data import Demonstration, check_demonstration
 from art_core.training.cancel import TrainingCancelled
 from art_core.trajectories import new_id
 
@@ -266,7 +269,6 @@ class Service:
         """As ``start_training``, for ``train_sft``: the demonstrations are checked first
         (a record that cannot be trained on is a 422 naming it); tokenizer-level problems
         (over the context) fail the job with the record's name, before anything is trained."""
-        from art_core.sft.data import Demonstration, check_demonstration
 
         existing = self._existing_job(model, request.job_id)
         if existing is not None:
@@ -383,8 +385,6 @@ class Service:
         metric) raises ``ExportRefused``, and an export whose estimated scratch would pass
         ``max_export_scratch_bytes`` (with the exports in flight) raises ``ExportSpaceFull``.
         """
-        from art_core.export.api import estimate_export_bytes, export_checkpoint
-        from art_core.export.archive import pack
 
         folder = self.backend.model_folder(model)
         options: dict[str, Any] = {

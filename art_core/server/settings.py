@@ -5,40 +5,14 @@ Kept separate from the app so the CLI, tests and embedders build the same servic
 
 from __future__ import annotations
 
-import ipaddress
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from art_core.access import LOOPBACK_NAMES, is_loopback, new_token
 from art_core.gateway.connections import ConnectionLimits
 from art_core.server.train_limits import TrainLimits
 
-LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only accepts connections from this machine.
-
-    Example:
-        >>> is_loopback("127.0.0.1"), is_loopback("::1"), is_loopback("0.0.0.0")
-        (True, True, False)
-    """
-    if host.lower() in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a hostname resolving to who knows what: treat as public
-
-
-def new_token() -> str:
-    """A fresh bearer token (256 bits, URL-safe).
-
-    Example:
-        >>> len(new_token()) >= 43
-        True
-    """
-    return secrets.token_urlsafe(32)
+__all__ = ["LOOPBACK_NAMES", "ServeSettings", "is_loopback", "new_token"]
 
 
 @dataclass

@@ -37,8 +37,9 @@ from art_core.gateway.body import DEFAULT_MAX_BODY_BYTES, read_json_object
 from art_core.gateway.errors import APIError
 from art_core.gateway.prompts import normalize_message
 from art_core.gateway.requests import parse_chat_request
-from art_core.gateway.responses import SSE_DONE, sse
 from art_core.gateway.server import GatewayServer
+from art_core.gateway.wire import SSE_DONE, sse
+from art_core.gather import gather_trajectory_groups
 from art_core.model import Model, TrainableModel
 from art_core.names import check_name
 from art_core.sft.data import Demonstration, best_trajectories, check_demonstration
@@ -354,7 +355,6 @@ async def teacher_trajectories(
         ...                                        rollouts_per_scenario=4, min_reward=1.0)  # doctest: +SKIP
         >>> await student.train_sft(demos, config=art.SFTConfig(epochs=3))  # doctest: +SKIP
     """
-    from art_core.gather import gather_trajectory_groups
 
     if rollouts_per_scenario < 1:
         raise ValueError(f"rollouts_per_scenario must be >= 1, got {rollouts_per_scenario}")

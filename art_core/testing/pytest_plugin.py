@@ -42,18 +42,16 @@ import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 import pytest_asyncio
 
+import art_core as art
+from art_core.rewards.endpoint import JUDGE_ENV_VARS
 from art_core.testing.installs import NEEDS_INSTALL_MARKER
+from art_core.testing.judge import StandInJudge
 from art_core.testing.run_hooks import RunHooks
 from art_core.testing.workers import MEMORY_HEAVY_MARKER, WHOLE_MACHINE_MARKER
-
-if TYPE_CHECKING:
-    import art_core as art
-    from art_core.testing.judge import StandInJudge
 
 os.environ.setdefault(
     "ART_CORE_MODELS_DIR", str(Path(tempfile.gettempdir()) / "art-core-test-models")
@@ -83,7 +81,6 @@ async def register_tiny_model(
     Example:
         >>> model = await register_tiny_model(backend, "lg-tiny", "langgraph")  # doctest: +SKIP
     """
-    import art_core as art
 
     model = art.TrainableModel(name=name, project=project, base_model="tiny-random")
     await model.register(backend)
@@ -99,7 +96,6 @@ def art_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def backend(art_path: Path) -> AsyncIterator[art.LocalBackend]:
     """One ``LocalBackend`` (engines, gateway, trainer) for the whole session."""
-    import art_core as art
 
     async with art.LocalBackend(path=art_path) as local:
         yield local
@@ -114,7 +110,6 @@ async def tiny_model(backend: art.LocalBackend) -> art.TrainableModel:
 @pytest.fixture(scope="session")
 def judge_server() -> Iterator[StandInJudge]:
     """One stand-in RULER judge (an OpenAI-compatible server on loopback) for the session."""
-    from art_core.testing.judge import StandInJudge
 
     with StandInJudge() as server:
         yield server
@@ -126,7 +121,6 @@ def judge(
 ) -> StandInJudge:
     """The stand-in judge with no requests, script or reversed replies left from other tests;
     RULER's cache under ``tmp_path``; the machine's judge settings out of the environment."""
-    from art_core.rewards.endpoint import JUDGE_ENV_VARS
 
     judge_server.reset()
     judge_server.reverse = False

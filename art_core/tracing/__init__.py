@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from art_core.run_context import current_run
 from art_core.tracing.settings import TracingSettings
 from art_core.tracing.state import active, disable, enable, flush, is_enabled, stats
 
@@ -73,12 +74,11 @@ def record_tool_call(
     if pipeline is None:
         return
     if rollout_id is None:
-        from art_core.run_context import current_run
-
         run = current_run()
         if run is None:
             return
         rollout_id = run.rollout_id
+    # Span building: loaded once tracing is on.
     from art_core.tracing.tools import ToolRecord
 
     pipeline.tool_call(

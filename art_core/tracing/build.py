@@ -131,10 +131,6 @@ def _llm_node(
         attributes["art.replica"] = first.replica
     framework = {k: v for k, v in first.metadata.items() if k != "top_logprobs"}
     attributes.update(genai.flatten("art.call.metadata", framework))
-    choices = [
-        {"index": c.choice_index, "message": c.response_message, "finish_reason": c.finish_reason}
-        for c in request
-    ]
     usage = {
         "prompt_tokens": input_tokens,
         "completion_tokens": output_tokens,
@@ -142,6 +138,37 @@ def _llm_node(
     }
     output: dict[str, Any] = {"model": model, "usage": usage, "adapter_step": max(steps)}
     inputs: dict[str, Any] = {"model": model}
+    _add_llm_messages(request, settings, attributes, inputs, output)
+    params = {k: v for k, v in first.request_params.items() if k not in ("model", "metadata")}
+    if params:
+        inputs["params"] = params
+    _add_llm_tokens(request, settings, attributes, inputs, output)
+    return SpanNode(
+        name=f"chat {model}",
+        kind="llm",
+        start_time=min(c.created_at for c in request),
+        end_time=max(call_end(c) for c in request),
+        attributes=attributes,
+        input=inputs,
+        output=output,
+        display_name=f"chat {model}",
+    )
+
+
+def _add_llm_messages(
+    request: list[LLMCall],
+    settings: TracingSettings,
+    attributes: dict[str, AttributeValue],
+    inputs: dict[str, Any],
+    output: dict[str, Any],
+) -> None:
+    """The request's messages, tools and choices (their content only with
+    ``capture_content``) on an LLM span."""
+    first = request[0]
+    choices = [
+        {"index": c.choice_index, "message": c.response_message, "finish_reason": c.finish_reason}
+        for c in request
+    ]
     if settings.capture_content:
         chars = settings.max_content_chars
         attributes[genai.INPUT_MESSAGES] = genai.to_json(
@@ -162,9 +189,17 @@ def _llm_node(
         output["choices"] = [
             {"index": c["index"], "finish_reason": c["finish_reason"]} for c in choices
         ]
-    params = {k: v for k, v in first.request_params.items() if k not in ("model", "metadata")}
-    if params:
-        inputs["params"] = params
+
+
+def _add_llm_tokens(
+    request: list[LLMCall],
+    settings: TracingSettings,
+    attributes: dict[str, AttributeValue],
+    inputs: dict[str, Any],
+    output: dict[str, Any],
+) -> None:
+    """The token ids and logprobs on an LLM span, when the settings ask for them."""
+    first = request[0]
     if settings.include_token_ids:
         attributes["art.prompt_token_ids"] = list(first.prompt_token_ids)
         attributes["art.completion_token_ids"] = [
@@ -175,16 +210,6 @@ def _llm_node(
     if settings.include_logprobs:
         attributes["art.logprobs"] = [lp for c in request for lp in c.logprobs]
         output["logprobs"] = [list(c.logprobs) for c in request]
-    return SpanNode(
-        name=f"chat {model}",
-        kind="llm",
-        start_time=min(c.created_at for c in request),
-        end_time=max(call_end(c) for c in request),
-        attributes=attributes,
-        input=inputs,
-        output=output,
-        display_name=f"chat {model}",
-    )
 
 
 def _scalar_items(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -211,41 +236,8 @@ def rollout_tree(record: RolloutRecord, settings: TracingSettings) -> SpanNode:
     children.sort(key=lambda node: (node.start_time, node.kind != "llm"))
     end = max([end, *(child.end_time for child in children)])
 
-    steps = sorted({c.adapter_step for c in record.calls})
     scores = rollout_scores(record, settings)
-    attributes: dict[str, AttributeValue] = {
-        genai.OPERATION: "invoke_agent",
-        genai.PROVIDER_NAME: genai.PROVIDER,
-        genai.SYSTEM: genai.PROVIDER,
-        genai.AGENT_NAME: agent,
-        genai.CONVERSATION_ID: record.id,
-        genai.INPUT_TOKENS: sum(c.num_prompt_tokens for r in requests for c in r[:1]),
-        genai.OUTPUT_TOKENS: sum(c.num_completion_tokens for c in record.calls),
-        "art.rollout.id": record.id,
-        "art.num_llm_calls": len(requests),
-        "art.num_tool_calls": len(tools),
-    }
-    if record.model_name:
-        attributes[genai.REQUEST_MODEL] = record.model_name
-        attributes["art.model.name"] = record.model_name
-    if record.project:
-        attributes["art.project"] = record.project
-    if record.base_model:
-        attributes["art.base_model"] = record.base_model
-    if steps:
-        attributes["art.adapter_step"] = steps[-1]
-        if len(steps) > 1:
-            attributes["art.adapter_steps"] = steps
-    for score in scores:
-        attributes[f"art.{score.name}"] = score.value
-        if score.comment:
-            attributes[f"art.{score.name}.explanation"] = score.comment
-    attributes.update(genai.flatten("art.metrics", record.metrics))
-    attributes.update(genai.flatten("art.metadata", record.metadata))
-    if settings.capture_content and record.logs:
-        attributes["art.logs"] = [
-            genai.clip(line, settings.max_content_chars) for line in record.logs
-        ]
+    attributes = _rollout_attributes(record, requests, len(tools), scores, agent, settings)
 
     inputs: dict[str, Any] = {"rollout_id": record.id, "metadata": dict(record.metadata)}
     output: dict[str, Any] = {"reward": record.reward, "metrics": dict(record.metrics)}
@@ -280,6 +272,53 @@ def rollout_tree(record: RolloutRecord, settings: TracingSettings) -> SpanNode:
         key=record.id,
         display_name=display,
     )
+
+
+def _rollout_attributes(
+    record: RolloutRecord,
+    requests: list[list[LLMCall]],
+    num_tool_calls: int,
+    scores: Sequence[Score],
+    agent: str,
+    settings: TracingSettings,
+) -> dict[str, AttributeValue]:
+    """A rollout span's attributes: GenAI's, then the rollout's model, steps, scores,
+    metrics, metadata and (with ``capture_content``) logs."""
+    steps = sorted({c.adapter_step for c in record.calls})
+    attributes: dict[str, AttributeValue] = {
+        genai.OPERATION: "invoke_agent",
+        genai.PROVIDER_NAME: genai.PROVIDER,
+        genai.SYSTEM: genai.PROVIDER,
+        genai.AGENT_NAME: agent,
+        genai.CONVERSATION_ID: record.id,
+        genai.INPUT_TOKENS: sum(c.num_prompt_tokens for r in requests for c in r[:1]),
+        genai.OUTPUT_TOKENS: sum(c.num_completion_tokens for c in record.calls),
+        "art.rollout.id": record.id,
+        "art.num_llm_calls": len(requests),
+        "art.num_tool_calls": num_tool_calls,
+    }
+    if record.model_name:
+        attributes[genai.REQUEST_MODEL] = record.model_name
+        attributes["art.model.name"] = record.model_name
+    if record.project:
+        attributes["art.project"] = record.project
+    if record.base_model:
+        attributes["art.base_model"] = record.base_model
+    if steps:
+        attributes["art.adapter_step"] = steps[-1]
+        if len(steps) > 1:
+            attributes["art.adapter_steps"] = steps
+    for score in scores:
+        attributes[f"art.{score.name}"] = score.value
+        if score.comment:
+            attributes[f"art.{score.name}.explanation"] = score.comment
+    attributes.update(genai.flatten("art.metrics", record.metrics))
+    attributes.update(genai.flatten("art.metadata", record.metadata))
+    if settings.capture_content and record.logs:
+        attributes["art.logs"] = [
+            genai.clip(line, settings.max_content_chars) for line in record.logs
+        ]
+    return attributes
 
 
 def train_tree(

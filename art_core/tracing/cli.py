@@ -47,7 +47,7 @@ def serve(name: str, host: str, port: int | None, data_dir: Path) -> int:
     return 0
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "tracing", help="install and run local tracing servers (MLflow, Phoenix)"
     )

@@ -16,11 +16,11 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, get_current_span
 
+from art_core.background import call_with_timeout
 from art_core.tracing import genai, openinference
 from art_core.tracing.otel import TRACER_NAME, OtelSink, new_provider
 from art_core.tracing.settings import TracingSettings
 from art_core.tracing.tree import AttributeValue, Score, ScoreUpdate, SpanNode
-from art_core.tracing.worker import call_with_timeout
 
 OBSERVATION_TYPES = {"rollout": "agent", "llm": "generation", "tool": "tool", "train": "span"}
 # Langfuse's trace-level attribute names (langfuse._client.attributes.LangfuseOtelSpanAttributes;

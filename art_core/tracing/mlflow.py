@@ -39,6 +39,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, get_current_span
 
+from art_core.background import Worker, call_with_timeout
+from art_core.metrics import state as metrics_state
 from art_core.metrics.mlflow_rest import (
     TRACES_PATH,
     ExperimentChoice,
@@ -52,7 +54,6 @@ from art_core.tracing.exporters import otlp_exporter
 from art_core.tracing.otel import OtelSink
 from art_core.tracing.settings import TracingSettings
 from art_core.tracing.tree import AttributeValue, Score, ScoreUpdate, SpanNode
-from art_core.tracing.worker import Worker, call_with_timeout
 
 logger = logging.getLogger("art_core.tracing")
 
@@ -438,8 +439,6 @@ class MlflowSink(OtelSink):
             )
 
     def _link(self, trace_id: str, model: tuple[str, str]) -> None:
-        from art_core.metrics import state as metrics_state
-
         run_id = metrics_state.mlflow_run_id(*model)
         if run_id is None or self._paused():
             return

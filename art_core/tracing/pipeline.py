@@ -17,11 +17,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from art_core.background import Worker
 from art_core.tracing.build import RolloutRecord, rollout_scores, rollout_tree, train_tree
 from art_core.tracing.settings import TracingSettings
 from art_core.tracing.tools import ToolRecord
 from art_core.tracing.tree import ScoreUpdate, SpanNode
-from art_core.tracing.worker import Worker
 from art_core.trajectories import LLMCall, Trajectory
 
 logger = logging.getLogger("art_core.tracing")

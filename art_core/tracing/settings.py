@@ -9,27 +9,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from art_core.switch import env_flag
+
 EXPORTER_NAMES = ("otlp", "langfuse", "weave", "mlflow", "phoenix", "console")
-_TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-
-
-def env_flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
-    """A boolean environment variable: 1/true/yes/on or 0/false/no/off (case-insensitive).
-
-    Example:
-        >>> env_flag({"X": "on"}, "X", False), env_flag({}, "X", True)
-        (True, True)
-    """
-    raw = environ.get(name)
-    if raw is None:
-        return default
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"{name}={raw!r}: expected one of 1/true/yes/on or 0/false/no/off")
 
 
 @dataclass(frozen=True)
@@ -88,7 +71,7 @@ class TracingSettings:
             raise TypeError(f"unknown tracing settings: {sorted(unknown)}")
         values = {name: getattr(self, name) for name in known}
         values.update(changes)
-        return TracingSettings(**values)  # type: ignore[arg-type]
+        return TracingSettings(**values)
 
 
 def exporters_from_env(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -9,12 +9,11 @@ enabled.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from art_core.tracing.settings import EXPORTER_NAMES, TracingSettings, exporters_from_env
-from art_core.tracing.switch import ProcessSwitch
+from art_core.switch import ProcessSwitch
+from art_core.tracing.settings import TracingSettings, exporters_from_env
 
 if TYPE_CHECKING:
     from art_core.tracing.pipeline import Pipeline, Sink
@@ -44,78 +43,6 @@ def active() -> Pipeline | None:
     return _state.get()
 
 
-def make_sink(
-    spec: Any,
-    settings: TracingSettings,
-    *,
-    endpoint: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    weave_project: str | None = None,
-    langfuse_options: Mapping[str, Any] | None = None,
-    mlflow_options: Mapping[str, Any] | None = None,
-    phoenix_options: Mapping[str, Any] | None = None,
-) -> Sink:
-    """An exporter from a name (``"otlp"``, ``"console"``, ``"langfuse"``, ``"weave"``,
-    ``"mlflow"``, ``"phoenix"``), an OpenTelemetry ``SpanExporter``, a ``langfuse.Langfuse``
-    client, a Weave client, or a ready sink object.
-
-    ``endpoint`` / ``headers`` go to ``"otlp"``, and to ``"mlflow"`` / ``"phoenix"`` as the
-    server's base URL and extra headers."""
-    if isinstance(spec, str):
-        name = spec.strip().lower()
-        if name == "otlp":
-            from art_core.tracing.exporters import otlp_exporter
-            from art_core.tracing.otel import OtelSink
-
-            return OtelSink(otlp_exporter(endpoint, headers, settings.export_timeout_s), settings)
-        if name == "console":
-            from art_core.tracing.exporters import console_exporter
-            from art_core.tracing.otel import OtelSink
-
-            return OtelSink(console_exporter(), settings, label="console")
-        if name == "langfuse":
-            from art_core.tracing.langfuse import LangfuseSink
-
-            return LangfuseSink(settings, **dict(langfuse_options or {}))
-        if name == "mlflow":
-            from art_core.tracing.mlflow import MlflowSink
-
-            # Options win over the shared endpoint/headers: with several servers at once,
-            # each preset names its own (mlflow={"tracking_uri": ...}).
-            options = {"tracking_uri": endpoint, "headers": headers, **dict(mlflow_options or {})}
-            return MlflowSink(settings, **options)
-        if name == "phoenix":
-            from art_core.tracing.phoenix import PhoenixSink
-
-            options = {"endpoint": endpoint, "headers": headers, **dict(phoenix_options or {})}
-            return PhoenixSink(settings, **options)
-        if name == "weave":
-            from art_core.tracing.weave import WeaveSink
-
-            project = weave_project or os.environ.get("ART_WEAVE_PROJECT")
-            return WeaveSink(settings, project=project)
-        raise ValueError(f"unknown tracing exporter {spec!r}; known: {EXPORTER_NAMES}")
-    module = type(spec).__module__
-    if all(hasattr(spec, m) for m in ("emit", "flush", "shutdown", "capture_parent")):
-        return spec  # type: ignore[no-any-return]
-    if module.startswith("langfuse"):
-        from art_core.tracing.langfuse import LangfuseSink
-
-        return LangfuseSink(settings, client=spec)
-    if module.startswith("weave"):
-        from art_core.tracing.weave import WeaveSink
-
-        return WeaveSink(settings, client=spec)
-    if hasattr(spec, "export") and hasattr(spec, "shutdown"):
-        from art_core.tracing.otel import OtelSink
-
-        return OtelSink(spec, settings, label=type(spec).__name__)
-    raise TypeError(
-        f"cannot trace to a {type(spec).__name__}: pass an exporter name {EXPORTER_NAMES}, an "
-        "OpenTelemetry SpanExporter, a langfuse.Langfuse client or a weave client"
-    )
-
-
 def enable(
     exporter: Any = None,
     *,
@@ -130,7 +57,7 @@ def enable(
 ) -> None:
     """Trace every rollout and train step from now on (replacing an earlier ``enable``).
 
-    ``exporter``: a name, an exporter object, or a list of them (see ``make_sink``); None:
+    ``exporter``: a name, an exporter object, or a list of them (see ``sinks.make_sink``); None:
     the names in ``ART_TRACING``, else ``"otlp"``.
     ``endpoint``/``headers``: for ``"otlp"`` (default: the ``OTEL_EXPORTER_OTLP_*`` variables).
     ``weave_project``: for ``"weave"`` when ``weave.init`` was not called. ``langfuse``: keyword
@@ -143,6 +70,7 @@ def enable(
         >>> tracing.enable(["langfuse", "weave"], weave_project="team/agent")  # doctest: +SKIP
         >>> tracing.enable("phoenix", endpoint="http://127.0.0.1:6006")  # doctest: +SKIP
     """
+    # Loaded once tracing is enabled.
     from art_core.tracing.pipeline import Pipeline
 
     base = settings or TracingSettings.from_env()
@@ -155,6 +83,12 @@ def enable(
     sinks: list[Sink] = []
     try:
         for spec in specs:
+            if all(hasattr(spec, m) for m in ("emit", "flush", "shutdown", "capture_parent")):
+                sinks.append(spec)  # a ready sink: no exporter module (nor OpenTelemetry) needed
+                continue
+            # The exporters' modules, and OpenTelemetry with them, load only when one is named.
+            from art_core.tracing.sinks import make_sink
+
             sinks.append(
                 make_sink(
                     spec,

@@ -16,10 +16,12 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
+from art_core.background import call_with_timeout
+from art_core.metrics import state
+from art_core.metrics.wandb import run_id
 from art_core.tracing import genai
 from art_core.tracing.settings import TracingSettings
 from art_core.tracing.tree import Score, ScoreUpdate, SpanNode
-from art_core.tracing.worker import call_with_timeout
 
 MAX_REMEMBERED = 20_000
 # Content already shown as the call's inputs/outputs: not repeated in its attributes.
@@ -57,15 +59,11 @@ def wandb_run_id(node: SpanNode) -> str | None:
         >>> wandb_run_id(SpanNode("r", "rollout", 0, 1)) is None
         True
     """
-    from art_core.metrics import state
-
     if state.wandb_logger() is None:
         return None
     project, name = node.attributes.get("art.project"), node.attributes.get("art.model.name")
     if not isinstance(name, str):
         return None
-    from art_core.metrics.wandb import run_id
-
     return run_id(str(project or "default"), name)
 
 

@@ -17,6 +17,7 @@ the micro-batches of a step gives weighted means.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -81,7 +82,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, logits: torch.Tensor, target_ids: torch.Tensor, chunk: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         dtype = _compute_dtype(logits.dtype)
@@ -106,7 +107,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         return selected, entropy
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: Any, grad_selected: torch.Tensor, _grad_entropy: torch.Tensor
     ) -> tuple[torch.Tensor, None, None]:
         logits, target_ids, *kept = ctx.saved_tensors
@@ -285,21 +286,92 @@ def grpo_loss(
         >>> out.loss.item()   # -(ratio 1 * advantage 2) * weight 0.5
         -1.0
     """
+    band = _check_loss_inputs(
+        logprobs,
+        {
+            "sampler_logprobs": sampler_logprobs,
+            "advantages": advantages,
+            "weights": weights,
+            "old_logprobs": old_logprobs,
+            "ref_logprobs": ref_logprobs,
+            "sequence_index": sequence_index,
+            "metric_weights": metric_weights,
+        },
+        beta=beta,
+        truncated_importance_sampling=truncated_importance_sampling,
+        off_policy_mask=off_policy_mask,
+        importance_sampling_level=importance_sampling_level,
+    )
+    low = 1.0 - epsilon
+    high = 1.0 + (epsilon if epsilon_high is None else epsilon_high)
+    sequence_level = importance_sampling_level == "sequence"
+
+    def level(log_ratio: torch.Tensor) -> torch.Tensor:
+        assert sequence_index is not None or not sequence_level  # checked above
+        return sequence_means(log_ratio, sequence_index) if sequence_level else log_ratio  # type: ignore[arg-type]
+
+    truncated = truncated_importance_sampling is not None
+    reference = old_logprobs if truncated and old_logprobs is not None else sampler_logprobs
+    keep, ratio = _importance_ratio(
+        logprobs - reference, level, band, old_logprobs, sampler_logprobs
+    )
+    policy_loss, is_clipped = _clipped_objective(
+        ratio, advantages, logprobs, loss_type=loss_type, low=low, high=high
+    )
+    policy_loss = _masked_and_truncated(
+        policy_loss, level, keep, truncated_importance_sampling, old_logprobs, sampler_logprobs
+    )
+
+    credit = weights if metric_weights is None else metric_weights
+    metrics: dict[str, float] = {}
+    per_token = _add_kl_and_distill(
+        policy_loss * policy_loss_weight,
+        credit,
+        metrics,
+        logprobs=logprobs,
+        ref_logprobs=ref_logprobs,
+        beta=beta,
+        distill=distill,
+        distill_weight=distill_weight,
+        teacher_top_ids=teacher_top_ids,
+        target_ids=target_ids,
+    )
+
+    loss = (weights * per_token).sum()
+    with torch.no_grad():
+        metrics["loss"] = float(loss)
+        metrics["policy_loss"] = float((weights * policy_loss).sum())
+        metrics["clip_fraction"] = float((credit * is_clipped.float()).sum())
+        metrics["ratio"] = float((credit * torch.exp(logprobs - reference)).sum())
+        if sequence_level:
+            metrics["sequence_ratio"] = float((credit * ratio).sum())
+        metrics["logprob_mismatch"] = float((credit * (logprobs - sampler_logprobs).abs()).sum())
+        if keep is not None:
+            metrics["off_policy/masked_share"] = float((credit * (~keep).float()).sum())
+        if entropy is not None:
+            metrics["entropy"] = float((credit * entropy).sum())
+    return LossOutput(loss=loss, metrics=metrics)
+
+
+def _check_loss_inputs(
+    logprobs: torch.Tensor,
+    per_token: dict[str, torch.Tensor | None],
+    *,
+    beta: float,
+    truncated_importance_sampling: float | None,
+    off_policy_mask: tuple[float, float] | None,
+    importance_sampling_level: str,
+) -> tuple[float, float] | None:
+    """``grpo_loss``'s argument checks: every per-token tensor has ``logprobs``' shape and
+    each option has the inputs it needs. Returns the checked off-policy band (or None)."""
     n = logprobs.shape[0]
-    for name, tensor in (
-        ("sampler_logprobs", sampler_logprobs),
-        ("advantages", advantages),
-        ("weights", weights),
-        ("old_logprobs", old_logprobs),
-        ("ref_logprobs", ref_logprobs),
-        ("sequence_index", sequence_index),
-        ("metric_weights", metric_weights),
-    ):
+    for name, tensor in per_token.items():
         if tensor is not None and tensor.shape != (n,):
             raise ValueError(
                 f"{name} must have shape ({n},) like logprobs, got {tuple(tensor.shape)}"
             )
-    if beta > 0 and ref_logprobs is None:
+    old_logprobs = per_token["old_logprobs"]
+    if beta > 0 and per_token["ref_logprobs"] is None:
         raise ValueError("beta > 0 needs ref_logprobs (the base model's logprobs)")
     if truncated_importance_sampling is not None and old_logprobs is None:
         raise ValueError("truncated importance sampling needs the trainer's old_logprobs")
@@ -312,19 +384,20 @@ def grpo_loss(
             f"importance_sampling_level must be 'token' or 'sequence', got "
             f"{importance_sampling_level!r}"
         )
-    if importance_sampling_level == "sequence" and sequence_index is None:
+    if importance_sampling_level == "sequence" and per_token["sequence_index"] is None:
         raise ValueError("sequence-level importance sampling needs sequence_index")
-    low = 1.0 - epsilon
-    high = 1.0 + (epsilon if epsilon_high is None else epsilon_high)
-    sequence_level = importance_sampling_level == "sequence"
+    return band
 
-    def level(log_ratio: torch.Tensor) -> torch.Tensor:
-        assert sequence_index is not None or not sequence_level  # checked above
-        return sequence_means(log_ratio, sequence_index) if sequence_level else log_ratio  # type: ignore[arg-type]
 
-    truncated = truncated_importance_sampling is not None
-    reference = old_logprobs if truncated and old_logprobs is not None else sampler_logprobs
-    log_ratio = logprobs - reference
+def _importance_ratio(
+    log_ratio: torch.Tensor,
+    level: Callable[[torch.Tensor], torch.Tensor],
+    band: tuple[float, float] | None,
+    old_logprobs: torch.Tensor | None,
+    sampler_logprobs: torch.Tensor,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The importance ratio (per token or per sequence, by ``level``) and, with an off-policy
+    ``band``, the mask of the tokens kept (None without one)."""
     keep = None
     if band is not None:
         assert old_logprobs is not None  # checked above
@@ -335,7 +408,19 @@ def grpo_loss(
         # gradient is exactly 0, whatever its mismatch (masking after an exp that overflowed
         # would give 0 * inf = nan in backward). Kept tokens' values are untouched.
         log_ratio = torch.where(keep, log_ratio, torch.zeros_like(log_ratio))
-    ratio = torch.exp(level(log_ratio))
+    return keep, torch.exp(level(log_ratio))
+
+
+def _clipped_objective(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    logprobs: torch.Tensor,
+    *,
+    loss_type: str,
+    low: float,
+    high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PPO or CISPO policy loss per token, and where clipping is active."""
     clipped_ratio = torch.clamp(ratio, low, high)
     if loss_type == "ppo":
         unclipped_objective = ratio * advantages
@@ -348,7 +433,18 @@ def grpo_loss(
         is_clipped = (ratio < low) | (ratio > high)
     else:
         raise ValueError(f"loss_type must be 'ppo' or 'cispo', got {loss_type!r}")
+    return policy_loss, is_clipped
 
+
+def _masked_and_truncated(
+    policy_loss: torch.Tensor,
+    level: Callable[[torch.Tensor], torch.Tensor],
+    keep: torch.Tensor | None,
+    truncated_importance_sampling: float | None,
+    old_logprobs: torch.Tensor | None,
+    sampler_logprobs: torch.Tensor,
+) -> torch.Tensor:
+    """The policy loss with the off-policy mask (``keep``) and TIS weights applied."""
     if keep is not None:
         # Masked tokens get no policy loss. Their ``weights`` are left as they are, so they
         # still count in the loss normalisation (the denominator), as PPO-clipped tokens do:
@@ -369,10 +465,24 @@ def grpo_loss(
             # Mask first, then truncation: kept tokens weigh min(ratio, C), masked ones 0.
             tis_weight = torch.where(keep, tis_weight, torch.zeros_like(tis_weight))
         policy_loss = policy_loss * tis_weight.detach()
+    return policy_loss
 
-    per_token = policy_loss * policy_loss_weight
-    credit = weights if metric_weights is None else metric_weights
-    metrics: dict[str, float] = {}
+
+def _add_kl_and_distill(
+    per_token: torch.Tensor,
+    credit: torch.Tensor,
+    metrics: dict[str, float],
+    *,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    beta: float,
+    distill: tuple[torch.Tensor, torch.Tensor] | None,
+    distill_weight: float,
+    teacher_top_ids: torch.Tensor | None,
+    target_ids: torch.Tensor | None,
+) -> torch.Tensor:
+    """The per-token loss with the k3 KL penalty and the distillation term added; their
+    metrics go into ``metrics``."""
     if ref_logprobs is not None:
         kl = k3_kl(logprobs, ref_logprobs)
         if beta > 0:
@@ -385,18 +495,4 @@ def grpo_loss(
         if teacher_top_ids is not None and target_ids is not None and teacher_top_ids.shape[1]:
             agree = (teacher_top_ids[:, 0] == target_ids).float()
             metrics["distill/teacher_agreement"] = float((credit * agree).sum())
-
-    loss = (weights * per_token).sum()
-    with torch.no_grad():
-        metrics["loss"] = float(loss)
-        metrics["policy_loss"] = float((weights * policy_loss).sum())
-        metrics["clip_fraction"] = float((credit * is_clipped.float()).sum())
-        metrics["ratio"] = float((credit * torch.exp(logprobs - reference)).sum())
-        if sequence_level:
-            metrics["sequence_ratio"] = float((credit * ratio).sum())
-        metrics["logprob_mismatch"] = float((credit * (logprobs - sampler_logprobs).abs()).sum())
-        if keep is not None:
-            metrics["off_policy/masked_share"] = float((credit * (~keep).float()).sum())
-        if entropy is not None:
-            metrics["entropy"] = float((credit * entropy).sum())
-    return LossOutput(loss=loss, metrics=metrics)
+    return per_token

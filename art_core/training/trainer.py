@@ -27,6 +27,7 @@ import torch
 from art_core.device import autocast_dtype, choose_device, follow_free_cores, use_cpu_threads
 from art_core.distill.scores import Teacher
 from art_core.distill.teachers import make_teacher, score_rollouts, teacher_key
+from art_core.kept_logits import KeptLogits
 from art_core.model_folder import ModelFolder
 from art_core.training.batch import (
     PreparedBatch,
@@ -47,7 +48,6 @@ from art_core.training.config import (
     TrainingSettings,
     TrainResult,
 )
-from art_core.training.kept_logits import KeptLogits
 from art_core.training.loading import (
     adapter_settings,
     base_weights_dtype,
@@ -592,21 +592,9 @@ class Trainer:
         """
         device = self.device
         teacher = config.teacher if batch.teacher_logprobs is not None else None
-        top_logprobs = None
-        if teacher is not None and teacher.top_k > 0:
-            assert batch.teacher_top_ids is not None  # packed with the teacher's scores
-            logits = self._trained_logits(batch, config)
-            targets = batch.target_ids.to(device)
-            logprobs, entropy = token_logprobs(logits, targets)
-            # The student's logprobs of the teacher's top-k tokens, with gradient, without a
-            # second softmax over the vocabulary: log_softmax(z)_v = z_v - (z_x - logp(x)).
-            log_normaliser = logits.gather(-1, targets[:, None]).float() - logprobs[:, None]
-            top_logprobs = (
-                logits.gather(-1, batch.teacher_top_ids.to(device)).float() - log_normaliser
-            )
-            del logits
-        else:
-            logprobs, entropy = self._logprobs(batch, config)
+        logprobs, entropy, top_logprobs = self._student_logprobs(
+            batch, config, top_k=teacher is not None and teacher.top_k > 0
+        )
         tis = config.truncated_importance_sampling is not None
         if seen is not None:
             record_logprobs(
@@ -617,22 +605,11 @@ class Trainer:
             # None: the policy has not moved yet, the one before the update is this forward's.
             old = logprobs.detach() if old_logprobs is None else old_logprobs
         sampler = batch.sampler_logprobs.to(device)
-        distill = None
-        if teacher is not None:
-            assert batch.teacher_logprobs is not None and batch.teacher_top_logprobs is not None
-            distill = reverse_kl(
-                logprobs,
-                batch.teacher_logprobs.to(device),
-                student_top_logprobs=top_logprobs,
-                teacher_top_logprobs=(
-                    batch.teacher_top_logprobs.to(device) if top_logprobs is not None else None
-                ),
-                # Tokens an older policy sampled (a later epoch, a pipelined step), weighted
-                # by p_student / p_sampler, capped like CISPO's ratio.
-                importance_weight=torch.exp(logprobs - sampler).clamp(
-                    1 - config.epsilon, 1 + config.upper_epsilon
-                ),
-            )
+        distill = (
+            None
+            if teacher is None
+            else self._distill_terms(batch, config, logprobs, sampler, top_logprobs)
+        )
         return grpo_loss(
             logprobs,
             sampler,
@@ -660,6 +637,52 @@ class Trainer:
             ),
             target_ids=batch.target_ids.to(device),
         ), old
+
+    def _student_logprobs(
+        self, batch: MicroBatch, config: TrainConfig, *, top_k: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The policy's logprobs of the trained tokens and their entropy; with ``top_k``
+        (a teacher's top-k distillation) also its logprobs of the teacher's top-k tokens."""
+        if not top_k:
+            logprobs, entropy = self._logprobs(batch, config)
+            return logprobs, entropy, None
+        assert batch.teacher_top_ids is not None  # packed with the teacher's scores
+        device = self.device
+        logits = self._trained_logits(batch, config)
+        targets = batch.target_ids.to(device)
+        logprobs, entropy = token_logprobs(logits, targets)
+        # The student's logprobs of the teacher's top-k tokens, with gradient, without a
+        # second softmax over the vocabulary: log_softmax(z)_v = z_v - (z_x - logp(x)).
+        log_normaliser = logits.gather(-1, targets[:, None]).float() - logprobs[:, None]
+        top_logprobs = logits.gather(-1, batch.teacher_top_ids.to(device)).float() - log_normaliser
+        del logits
+        return logprobs, entropy, top_logprobs
+
+    def _distill_terms(
+        self,
+        batch: MicroBatch,
+        config: TrainConfig,
+        logprobs: torch.Tensor,
+        sampler: torch.Tensor,
+        top_logprobs: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The on-policy distillation loss and KL per token (``reverse_kl``) against the
+        teacher's scores packed in ``batch``."""
+        device = self.device
+        assert batch.teacher_logprobs is not None and batch.teacher_top_logprobs is not None
+        return reverse_kl(
+            logprobs,
+            batch.teacher_logprobs.to(device),
+            student_top_logprobs=top_logprobs,
+            teacher_top_logprobs=(
+                batch.teacher_top_logprobs.to(device) if top_logprobs is not None else None
+            ),
+            # Tokens an older policy sampled (a later epoch, a pipelined step), weighted
+            # by p_student / p_sampler, capped like CISPO's ratio.
+            importance_weight=torch.exp(logprobs - sampler).clamp(
+                1 - config.epsilon, 1 + config.upper_epsilon
+            ),
+        )
 
     def _old_logprobs(
         self, plan: list[list[MicroBatch]], config: TrainConfig

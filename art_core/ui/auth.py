@@ -18,8 +18,8 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from art_core.access import bearer_token, token_matches
 from art_core.gateway.errors import error_body, send_json, shown_path
-from art_core.server.auth import bearer_token, token_matches
 
 COOKIE = "art_core_ui_token"
 _LOGIN_PAGE = (

@@ -14,7 +14,7 @@ import argparse
 import os
 from pathlib import Path
 
-from art_core.server.settings import is_loopback, new_token
+from art_core.access import is_loopback, new_token
 
 TOKEN_ENV = "ART_CORE_TOKEN"
 
@@ -25,6 +25,7 @@ def _say(message: str) -> None:
 
 def run(path: str, host: str, port: int, token: str | None) -> int:
     """Serve the viewer until interrupted. Example: ``run(".art", "127.0.0.1", 7998, None)``."""
+    # The server side (uvicorn, starlette) loads only when the viewer runs, not for `--help`.
     import uvicorn
 
     from art_core.ui.app import build_ui_app
@@ -55,7 +56,7 @@ def run(path: str, host: str, port: int, token: str | None) -> int:
     # The real port (``--port 0`` picks one) is known once the socket is bound.
     original_startup = server.startup
 
-    async def startup(sockets: list | None = None) -> None:  # type: ignore[type-arg]
+    async def startup(sockets: list | None = None) -> None:
         await original_startup(sockets=sockets)
         bound = port
         for listener in getattr(server, "servers", []):
@@ -80,7 +81,7 @@ def run(path: str, host: str, port: int, token: str | None) -> int:
     return 0
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``ui`` with the ``art-core`` command line."""
     parser = subparsers.add_parser(
         "ui", help="view runs, rollouts and the training signal in a browser (read-only)"

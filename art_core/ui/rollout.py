@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from art_core.training.sequences import assemble_sequences
+from art_core.training.sequences import TokenSequence, assemble_sequences
 from art_core.trajectories import LLMCall
 from art_core.ui.steps import as_dict, as_list
 from art_core.ui.tokens import text_of, token_texts
@@ -192,78 +192,99 @@ def token_view(
         return {"available": False, "reason": f"its recorded calls cannot be assembled: {exc}"}
     adapter_of = {call.id: call.adapter_step for call in calls}
     completion_lengths = {call.id: len(call.completion_token_ids) for call in calls}
-    if signal is not None:
-        reason = "trained with the advantage and weight recorded by the trainer"
-    elif trained_split:
-        reason = (
-            "not trained: no training signal is recorded for it (its group's rewards were all "
-            "equal, the step trained nothing, or it was recorded before signals were kept)"
-        )
-    else:
-        reason = "not trained: a validation rollout"
     recorded = list(signal.get("sequences") or []) if signal else []
-    sequences = []
-    for number, sequence in enumerate(assembled.sequences):
-        record = recorded[number] if number < len(recorded) else {}
-        trainer = record.get("trainer_logprobs") if isinstance(record, dict) else None
-        trainer_logprobs = trainer if isinstance(trainer, list) else []
-        # Which call sampled each trained token: calls extend the sequence in order.
-        owners: list[int | None] = []
-        for call_id in sequence.call_ids:
-            owners += [adapter_of.get(call_id)] * completion_lengths.get(call_id, 0)
-        texts = token_texts(
-            tokenizer, [t for t, m in zip(sequence.token_ids, sequence.loss_mask, strict=True) if m]
+    sequences = [
+        _sequence_view(
+            sequence,
+            recorded[number] if number < len(recorded) else {},
+            adapter_of,
+            completion_lengths,
+            tokenizer,
         )
-        segments: list[dict[str, Any]] = []
-        trained_index = 0
-        start = 0
-        ids, mask = sequence.token_ids, sequence.loss_mask
-        while start < len(ids):
-            end = start
-            while end < len(ids) and mask[end] == mask[start]:
-                end += 1
-            if not mask[start]:
-                segments.append(
-                    {
-                        "kind": "context",
-                        "tokens": end - start,
-                        "text": _context_text(tokenizer, ids[start:end]),
-                    }
-                )
-            else:
-                tokens = []
-                for position in range(start, end):
-                    trainer_lp = (
-                        trainer_logprobs[trained_index]
-                        if trained_index < len(trainer_logprobs)
-                        else None
-                    )
-                    if not isinstance(trainer_lp, int | float) or not math.isfinite(trainer_lp):
-                        trainer_lp = None
-                    tokens.append(
-                        [
-                            ids[position],
-                            texts[trained_index],
-                            round(sequence.logprobs[position], 6),
-                            owners[trained_index] if trained_index < len(owners) else None,
-                            trainer_lp,
-                        ]
-                    )
-                    trained_index += 1
-                segments.append({"kind": "trained", "tokens": tokens})
-            start = end
-        sequences.append(
-            {"segments": segments, "call_ids": sequence.call_ids, "trained_tokens": trained_index}
-        )
+        for number, sequence in enumerate(assembled.sequences)
+    ]
     return {
         "available": True,
-        "reason": reason,
+        "reason": _train_reason(signal, trained_split),
         "trained": signal is not None,
         "advantage": signal.get("advantage") if signal else None,
         "token_weight": signal.get("token_weight") if signal else None,
         "sequence_breaks": assembled.breaks,
         "sequences": sequences,
     }
+
+
+def _train_reason(signal: dict[str, Any] | None, trained_split: bool) -> str:
+    """Why the rollout was trained on, or why not."""
+    if signal is not None:
+        return "trained with the advantage and weight recorded by the trainer"
+    if trained_split:
+        return (
+            "not trained: no training signal is recorded for it (its group's rewards were all "
+            "equal, the step trained nothing, or it was recorded before signals were kept)"
+        )
+    return "not trained: a validation rollout"
+
+
+def _sequence_view(
+    sequence: TokenSequence,
+    record: Any,
+    adapter_of: dict[str, int],
+    completion_lengths: dict[str, int],
+    tokenizer: Any,
+) -> dict[str, Any]:
+    """One training sequence as segments: runs of context (text) and of trained tokens (each
+    ``[id, text, sampler_logprob, adapter_step, trainer_logprob]``); ``record`` is the
+    sequence's entry in the training signal (its trainer logprobs), or ``{}``; the calls'
+    adapter steps and completion lengths by call id say which step sampled each token."""
+    trainer = record.get("trainer_logprobs") if isinstance(record, dict) else None
+    trainer_logprobs = trainer if isinstance(trainer, list) else []
+    # Which call sampled each trained token: calls extend the sequence in order.
+    owners: list[int | None] = []
+    for call_id in sequence.call_ids:
+        owners += [adapter_of.get(call_id)] * completion_lengths.get(call_id, 0)
+    texts = token_texts(
+        tokenizer, [t for t, m in zip(sequence.token_ids, sequence.loss_mask, strict=True) if m]
+    )
+    segments: list[dict[str, Any]] = []
+    trained_index = 0
+    start = 0
+    ids, mask = sequence.token_ids, sequence.loss_mask
+    while start < len(ids):
+        end = start
+        while end < len(ids) and mask[end] == mask[start]:
+            end += 1
+        if not mask[start]:
+            segments.append(
+                {
+                    "kind": "context",
+                    "tokens": end - start,
+                    "text": _context_text(tokenizer, ids[start:end]),
+                }
+            )
+        else:
+            tokens = []
+            for position in range(start, end):
+                trainer_lp = (
+                    trainer_logprobs[trained_index]
+                    if trained_index < len(trainer_logprobs)
+                    else None
+                )
+                if not isinstance(trainer_lp, int | float) or not math.isfinite(trainer_lp):
+                    trainer_lp = None
+                tokens.append(
+                    [
+                        ids[position],
+                        texts[trained_index],
+                        round(sequence.logprobs[position], 6),
+                        owners[trained_index] if trained_index < len(owners) else None,
+                        trainer_lp,
+                    ]
+                )
+                trained_index += 1
+            segments.append({"kind": "trained", "tokens": tokens})
+        start = end
+    return {"segments": segments, "call_ids": sequence.call_ids, "trained_tokens": trained_index}
 
 
 def read_signal(path: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:

@@ -1,7 +1,9 @@
-"""The wire APIs the gateway speaks besides chat completions, one module each.
+"""The wire APIs the gateway speaks, one module each: ``chat`` (Chat Completions),
+``responses`` (OpenAI Responses), ``messages`` (Anthropic Messages), ``completions``
+(legacy Completions), and ``models`` (the model list, health, a rollout's sampling).
 
-Each turns its request into the gateway's one internal conversation (a chat request: one
-chat template, one prompt builder, one grammar path, one record) at its edge, and the
-sampled answer back into its own response shape and stream events (``edge`` holds what they
-share; ``deltas`` the streamed text).
+Each is a peer over the gateway's one core: it translates its request to the internal chat
+request at its edge (``reading``), and the recorded calls back into its own response shape
+and stream events (an encoder for ``answering.stream_answer``). A module's ``ROUTES`` is all
+``app.Gateway`` needs to serve it.
 """

@@ -43,37 +43,26 @@ first), and its last chunk carries the finish reason, the logprobs and those fie
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
-from art_core.chat_formats.format import safe_before
-from art_core.engines.base import (
-    MAX_PROMPT_LOGPROBS,
-    EngineError,
-    GenerationRequest,
-    GenerationResult,
-    PromptLogprob,
-    SamplingParams,
-)
+from art_core.engines.base import MAX_PROMPT_LOGPROBS, PromptLogprob, SamplingParams
 from art_core.engines.prompt_logprobs import to_wire
-from art_core.gateway.apis.edge import log_ignored, recorded_fields
-from art_core.gateway.body import parse_json_object, read_body
-from art_core.gateway.errors import APIError, engine_error, internal_error, validation_message
-from art_core.gateway.requests import (
-    INLINE_BODY_BYTES,
-    INLINE_PROMPT_CHARS,
-    PreparedCall,
-    request_metadata,
-)
-from art_core.gateway.responses import SSE_DONE, completion_response, sse
+from art_core.gateway.answering import sample_shielded, stream_answer
+from art_core.gateway.answers import RawTextReader
+from art_core.gateway.body import parse_json_object
+from art_core.gateway.deltas import StreamedText, TextDelta
+from art_core.gateway.errors import APIError, validation_message
+from art_core.gateway.reading import read_parsed, recorded_fields
+from art_core.gateway.requests import INLINE_PROMPT_CHARS, PreparedCall, request_metadata
 from art_core.gateway.rollout_sampling import apply_rollout_sampling
+from art_core.gateway.routes import APIRoute
 from art_core.gateway.schemas import (
     MAX_N,
     MAX_SEED,
@@ -82,12 +71,10 @@ from art_core.gateway.schemas import (
     StreamOptions,
     check_stop,
 )
+from art_core.gateway.served import ServedModel
+from art_core.gateway.serving import Serving, rollout_id
+from art_core.gateway.wire import SSE_DONE, completion_response, event_stream, sse
 from art_core.trajectories import LLMCall, new_id
-
-if TYPE_CHECKING:
-    from art_core.gateway.app import Gateway, ServedModel
-
-logger = logging.getLogger(__name__)
 
 API = "completions"
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this API
@@ -383,15 +370,15 @@ def _chat_view(parsed: Parsed, limit: int) -> ChatCompletionRequest:
 
 
 async def prepare(
-    gateway: Gateway, parsed: Parsed, header: str | None, rollout_id: str | None
+    serving: Serving, parsed: Parsed, header: str | None, rollout: str | None
 ) -> list[PreparedCall]:
     """One prepared call per prompt: the model resolved (404 when not served), the prompt
     encoded (on a worker thread when long) and checked against the vocabulary and context."""
     request = parsed.request
-    served, adapter = await gateway.resolve(request.model)
+    served, adapter = await serving.resolve(request.model)
     # The metadata's own checks (its size) read the chat view's metadata only.
     metadata = request_metadata(
-        _chat_view(parsed, DEFAULT_MAX_TOKENS), header, gateway.max_metadata_bytes
+        _chat_view(parsed, DEFAULT_MAX_TOKENS), header, serving.max_metadata_bytes
     )
     prompts = parsed.prompts
     add_special = request.add_special_tokens is not False
@@ -405,10 +392,11 @@ async def prepare(
     except Exception as exc:  # a tokenizer that cannot encode this text
         raise _bad(f"cannot tokenize the prompt: {exc}", "prompt") from None
     recorded = recorded_fields(parsed.payload, SERVED_FIELDS, NOT_RECORDED)
-    log_ignored(gateway, API, recorded)
+    serving.log_ignored(API, recorded)
     # This API builds its calls without ``prepare_call`` (no chat template): the rollout's
     # own sampling settings are applied here, the same way.
-    sampling = gateway.rollout_sampling.get(rollout_id)
+    sampling = serving.rollout_sampling.get(rollout)
+    reader = RawTextReader(skip_special=request.skip_special_tokens is not False)
     calls = []
     limits = []
     for i, ids in enumerate(encoded):
@@ -434,7 +422,7 @@ async def prepare(
             top_logprobs=request.logprobs or 0,
             prompt_logprobs=request.prompt_logprobs,
         )
-        index = served.store.next_index(rollout_id)
+        index = served.store.next_index(rollout)
         apply_rollout_sampling(sampling, params, params_recorded, index)
         calls.append(
             PreparedCall(
@@ -442,7 +430,7 @@ async def prepare(
                 chat=_chat_view(parsed, limit),
                 messages=[],
                 tools=None,
-                rollout_id=rollout_id,
+                rollout_id=rollout,
                 metadata=metadata,
                 request_params=params_recorded,
                 prompt_ids=ids,
@@ -450,97 +438,13 @@ async def prepare(
                 adapter=adapter,
                 index=index,
                 api=API,
+                reader=reader,
             )
         )
     return calls
 
 
-def answer_text(call: PreparedCall, ids: list[int], skip_special: bool) -> str:
-    """The text a choice's ids answer: decoded (special tokens skipped unless asked
-    otherwise), cut at the first stop string."""
-    text = str(call.served.tokenizer.decode(ids, skip_special_tokens=skip_special))
-    ends = [i for s in call.params.stop if s and (i := text.find(s)) >= 0]
-    return text[: min(ends)] if ends else text
-
-
-def to_llm_call(
-    call: PreparedCall,
-    result: GenerationResult,
-    started: float,
-    latency: float,
-    skip_special: bool = True,
-) -> LLMCall:
-    """The record of one choice: the raw text (no chat format reads it)."""
-    tokenizer = call.served.tokenizer
-    return LLMCall(
-        rollout_id=call.rollout_id,
-        index=call.index,
-        choice_index=result.choice_index,
-        model=call.chat.model,
-        adapter_step=result.adapter_step,
-        replica=result.replica,
-        api=call.api,
-        messages=call.messages,
-        tools=None,
-        request_params=call.request_params,
-        prompt_token_ids=call.prompt_ids,
-        completion_token_ids=result.token_ids,
-        logprobs=result.logprobs,
-        completion_text=tokenizer.decode(result.token_ids, skip_special_tokens=False),
-        response_message={
-            "role": "assistant",
-            "content": answer_text(call, result.token_ids, skip_special),
-        },
-        finish_reason=result.finish_reason,
-        created_at=started,
-        latency_s=latency,
-        metadata={
-            **call.metadata,
-            **({"top_logprobs": result.top_logprobs} if result.top_logprobs else {}),
-        },
-    )
-
-
 Scored = list[PromptLogprob | None]
-
-
-async def sample_and_record(
-    call: PreparedCall,
-    skip_special: bool = True,
-    on_tokens: Any = None,
-) -> tuple[list[LLMCall], Scored | None]:
-    """Run ``call`` on its engine and record one ``LLMCall`` per choice before answering;
-    also the prompt's scores when ``prompt_logprobs`` asked (not recorded)."""
-    started = time.time()
-    results = await call.served.engine.generate(
-        GenerationRequest(
-            call.prompt_ids,
-            call.params,
-            adapter=call.adapter,
-            on_tokens=on_tokens,
-            route_key=call.rollout_id,
-        )
-    )
-    latency = time.time() - started
-    scored = results[0].prompt_logprobs if results else None
-    if call.params.prompt_logprobs is not None and scored is None:
-        # Nothing is recorded: the call failed as a whole (an engine that ignored the field).
-        raise EngineError("this model's engine does not score prompts (prompt_logprobs)")
-    calls = [to_llm_call(call, r, started, latency, skip_special) for r in results]
-    await call.served.store.record_request(calls)
-    return calls, scored
-
-
-# Sampling tasks of streamed requests, kept referenced until done: a client that hangs up
-# stops reading, not the sampling and recording.
-_RUNNING: set[asyncio.Task[Any]] = set()
-
-
-def _start(coroutine: Any) -> asyncio.Task[Any]:
-    task = asyncio.ensure_future(coroutine)
-    _RUNNING.add(task)
-    task.add_done_callback(_RUNNING.discard)
-    return task
 
 
 class Answer:
@@ -687,146 +591,84 @@ class Answer:
             choice["prompt_logprobs"] = wires[choice["index"] // self.parsed.n]
 
 
-async def create(gateway: Gateway, request: Request) -> Response:
+async def create(serving: Serving, request: Request) -> Response:
     """``POST /v1/completions``: answer one request as a ``text_completion`` or its chunks.
 
     Example:
-        >>> Route("/v1/completions", answered(gateway.bound(create)))  # doctest: +SKIP
+        >>> APIRoute("/v1/completions", create)  # doctest: +SKIP
     """
-    from art_core.gateway.app import rollout_id
-
     rollout = rollout_id(request)
-    raw = await read_body(request, gateway.max_body_bytes)
-    header = request.headers.get("x-art-metadata")
-    if len(raw) + len(header or "") > INLINE_BODY_BYTES:
-        parsed = await asyncio.to_thread(_read, raw)
-    else:
-        parsed = _read(raw)
-    calls = await prepare(gateway, parsed, header, rollout)
+    parsed = await read_parsed(serving, request, _read)
+    calls = await prepare(serving, parsed, request.headers.get("x-art-metadata"), rollout)
     answer = Answer(parsed, calls)
     if parsed.request.stream:
-        return StreamingResponse(
-            stream_chunks(answer),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
-    # Shielded: a client that hangs up does not cancel the sampling or the recording.
-    tasks = [asyncio.ensure_future(sample_and_record(c, answer.skip_special)) for c in calls]
-    try:
-        sampled = await asyncio.shield(asyncio.gather(*tasks))
-    except EngineError as exc:
-        raise engine_error(exc) from None
-    body = answer.body([calls for calls, _ in sampled])
+        return event_stream(stream_answer(calls, CompletionsEncoder(answer)))
+    sampled = await sample_shielded(calls)
+    body = answer.body([each.calls for each in sampled])
     if parsed.request.prompt_logprobs is not None:
-        await answer.add_prompt_logprobs(body, [scored for _, scored in sampled])
+        await answer.add_prompt_logprobs(body, [each.prompt_logprobs for each in sampled])
     return completion_response(body)
 
 
-async def stream_chunks(answer: Answer) -> AsyncIterator[str]:
-    """The SSE chunks of a streamed request: each choice's echoed prompt, then its text as
-    it is sampled (holding back what may still turn into a stop string, which is cut), then
-    its last chunk (the rest of the text, the finish reason, logprobs, ``token_ids``,
-    ``call_id``); with ``stream_options.include_usage`` a chunk of usage; ``[DONE]``."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[int, int, list[int]]] = asyncio.Queue()
-    calls = answer.calls
-    n = answer.parsed.n
+class CompletionsEncoder:
+    """The SSE chunks of a streamed request (``answering.StreamEncoder``): each choice's
+    echoed prompt, then its text as it is sampled (holding back what may still turn into a
+    stop string, which is cut), then its last chunk (the rest of the text, the finish
+    reason, logprobs, ``token_ids``, ``call_id``); with ``stream_options.include_usage`` a
+    chunk of usage; ``[DONE]``. When a prompt's call fails, the others' last chunks come
+    first, then the error."""
 
-    def listener(prompt: int) -> Any:
-        def on_tokens(choice: int, ids: list[int]) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (prompt, choice, ids))
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
 
-        return on_tokens
+    def text_chunk(self, prompt: int, choice: int, text: str, **fields: Any) -> str:
+        entry = {
+            "index": self.answer.choice_index(prompt, choice),
+            "text": text,
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        return sse(self.answer.chunk([{**entry, **fields}]))
 
-    tasks = [
-        _start(sample_and_record(c, answer.skip_special, on_tokens=listener(i)))
-        for i, c in enumerate(calls)
-    ]
-    sent: dict[tuple[int, int], str] = {}
-    sampled: dict[tuple[int, int], list[int]] = {}
-
-    def text_chunk(prompt: int, choice: int, text: str) -> str:
-        return sse(
-            answer.chunk(
-                [
-                    {
-                        "index": answer.choice_index(prompt, choice),
-                        "text": text,
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ]
-            )
-        )
-
-    for i in range(len(calls)):
-        echo = answer.echo(i)
-        for choice in range(n):
-            sent[(i, choice)] = ""
-            sampled[(i, choice)] = []
+    def opening(self) -> Iterable[str]:
+        for i in range(len(self.answer.calls)):
+            echo = self.answer.echo(i)
             if echo:
-                yield text_chunk(i, choice, echo)
-    failure: BaseException | None = None
-    try:
-        while not all(t.done() for t in tasks) or not queue.empty():
-            getter = asyncio.ensure_future(queue.get())
-            pending = {t for t in tasks if not t.done()}
-            done, _ = await asyncio.wait({getter, *pending}, return_when=asyncio.FIRST_COMPLETED)
-            if getter not in done:
-                getter.cancel()
-                continue
-            prompt, choice, ids = getter.result()
-            key = (prompt, choice)
-            sampled[key].extend(ids)
-            decoded = str(
-                calls[prompt].served.tokenizer.decode(
-                    sampled[key], skip_special_tokens=answer.skip_special
+                for choice in range(self.answer.parsed.n):
+                    yield self.text_chunk(i, choice, echo)
+
+    def delta(self, delta: TextDelta) -> Iterable[str]:
+        return [self.text_chunk(delta.call, delta.choice, delta.text)]
+
+    def last_chunks(
+        self, recorded: list[list[LLMCall]], texts: list[StreamedText]
+    ) -> Iterable[str]:
+        """Each recorded choice's last chunk."""
+        for i, choices in enumerate(recorded):
+            echo_len = len(self.answer.echo(i))
+            for c in choices:
+                yield self.text_chunk(
+                    i,
+                    c.choice_index,
+                    texts[i].rest(c).get("content", ""),
+                    logprobs=self.answer.logprobs(c, echo_len),
+                    finish_reason=c.finish_reason,
+                    **self.answer.extension(c, i),
                 )
-            )
-            if decoded.endswith("\ufffd"):
-                continue  # an incomplete UTF-8 sequence: wait for the next token
-            now = safe_before(decoded, calls[prompt].params.stop)
-            already = sent[key]
-            if len(now) > len(already) and now.startswith(already):
-                sent[key] = now
-                yield text_chunk(prompt, choice, now[len(already) :])
-    except Exception as exc:  # not the sampling's (its tasks go on and record)
-        failure = exc
-    recorded: list[list[LLMCall]] = []
-    for task in tasks:
-        error = task.exception() if task.done() else None
-        failure = failure or error
-        recorded.append(task.result()[0] if task.done() and error is None else [])
-    for i, choices in enumerate(recorded):
-        echo_len = len(answer.echo(i))
-        for c in choices:
-            whole = c.response_message.get("content") or ""
-            already = sent[(i, c.choice_index)]
-            rest = whole[len(already) :] if whole.startswith(already) else ""
-            yield sse(
-                answer.chunk(
-                    [
-                        {
-                            "index": answer.choice_index(i, c.choice_index),
-                            "text": rest,
-                            "logprobs": answer.logprobs(c, echo_len),
-                            "finish_reason": c.finish_reason,
-                            **answer.extension(c, i),
-                        }
-                    ]
-                )
-            )
-    if failure is not None:
-        if isinstance(failure, EngineError):
-            refused = engine_error(failure)
-            status, kind, reason = refused.status, refused.type, refused.message
-        else:
-            logger.error("a streamed completion failed", exc_info=failure)
-            status, kind, reason = 500, "server_error", internal_error(failure).message
-        yield sse({"error": {"message": reason, "type": kind, "code": status}})
+
+    def finished(self, recorded: list[list[LLMCall]], texts: list[StreamedText]) -> Iterable[str]:
+        yield from self.last_chunks(recorded, texts)
+        options = self.answer.parsed.request.stream_options
+        if options is not None and options.include_usage:
+            yield sse(self.answer.chunk([], usage=self.answer.usage(recorded)))
         yield SSE_DONE
-        return
-    options = answer.parsed.request.stream_options
-    if options is not None and options.include_usage:
-        yield sse(answer.chunk([], usage=answer.usage(recorded)))
-    yield SSE_DONE
+
+    def failed(
+        self, error: APIError, recorded: list[list[LLMCall]], texts: list[StreamedText]
+    ) -> Iterable[str]:
+        yield from self.last_chunks(recorded, texts)
+        yield sse({"error": {"message": error.message, "type": error.type, "code": error.status}})
+        yield SSE_DONE
+
+
+ROUTES = (APIRoute("/v1/completions", create),)

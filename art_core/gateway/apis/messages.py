@@ -52,51 +52,36 @@ sampled or recorded.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
-from art_core.engines.base import EngineError
-from art_core.gateway.apis.edge import (
+from art_core.gateway.answering import sample_shielded, stream_answer
+from art_core.gateway.deltas import StreamedText, TextDelta
+from art_core.gateway.errors import (
+    APIError,
+    anthropic_error_body,
+    json_response,
+    validation_message,
+)
+from art_core.gateway.reading import (
     Translated,
-    log_ignored,
     prepare_translated,
     read_translated,
     recorded_fields,
 )
-from art_core.gateway.deltas import Recorded, StreamedText, sampled_deltas
-from art_core.gateway.errors import (
-    APIError,
-    anthropic_error_body,
-    engine_error,
-    internal_error,
-    json_response,
-    validation_message,
-)
-from art_core.gateway.prompts import normalize_message
-from art_core.gateway.recording import sample_and_record
-from art_core.gateway.requests import (
-    INLINE_PROMPT_CHARS,
-    PreparedCall,
-    _build_prompt,
-    _check_prompt_length,
-)
-from art_core.gateway.responses import completion_response
+from art_core.gateway.requests import PreparedCall, render_prompt
+from art_core.gateway.routes import APIRoute
+from art_core.gateway.serving import Serving, rollout_id
+from art_core.gateway.wire import completion_response, event_stream, named_event
 from art_core.trajectories import LLMCall, new_id
 
-if TYPE_CHECKING:
-    from art_core.gateway.app import Gateway
-
-logger = logging.getLogger(__name__)
 API = "messages"
 # Fields this module serves (the rest are accepted, ignored and named in the record).
 SERVED_FIELDS = frozenset(
@@ -638,70 +623,43 @@ class Answer:
         }
 
 
-async def create(gateway: Gateway, request: Request) -> Response:
+async def create(serving: Serving, request: Request) -> Response:
     """``POST /v1/messages``: answer one request as a ``message`` or its event stream.
 
     Example:
-        >>> Route("/v1/messages", answered(gateway.bound(create), error_response))  # doctest: +SKIP
+        >>> APIRoute("/v1/messages", create, error_response=error_response)  # doctest: +SKIP
     """
-    from art_core.gateway.app import rollout_id
-
     rollout = rollout_id(request)
     betas = _betas(request)
 
     def read(payload: dict[str, Any]) -> Translated:
         return translate(payload, betas=betas)
 
-    chat, translated = await read_translated(gateway, request, read)
-    log_ignored(gateway, API, translated.recorded)
-    call = await prepare_translated(gateway, request, chat, translated, api=API, rollout_id=rollout)
+    chat, translated = await read_translated(serving, request, read)
+    serving.log_ignored(API, translated.recorded)
+    call = await prepare_translated(serving, chat, translated, api=API, rollout_id=rollout)
     answer = Answer(call, translated)
     if translated.context["stream"]:
-        return StreamingResponse(
-            stream_events(answer),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
-    # Shielded: a client that hangs up does not cancel the sampling or the recording.
-    task = asyncio.ensure_future(sample_and_record(call))
-    try:
-        calls = await asyncio.shield(task)
-    except EngineError as exc:
-        raise engine_error(exc) from None
-    return completion_response(answer.body(calls[0]))
+        return event_stream(stream_events(answer))
+    (sampled,) = await sample_shielded([call])
+    return completion_response(answer.body(sampled.calls[0]))
 
 
-async def count_tokens(gateway: Gateway, request: Request) -> Response:
+async def count_tokens(serving: Serving, request: Request) -> Response:
     """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, the length of the prompt
     ``create`` would run for the same request (nothing is sampled or recorded).
 
     Example:
-        >>> Route("/v1/messages/count_tokens", answered(gateway.bound(count_tokens), error_response))  # doctest: +SKIP
+        >>> APIRoute("/v1/messages/count_tokens", count_tokens, error_response=error_response)  # doctest: +SKIP
     """
-    from art_core.gateway.app import rollout_id
-
     rollout = rollout_id(request)
 
     def read(payload: dict[str, Any]) -> Translated:
         return translate(payload, count_only=True)
 
-    chat, _ = await read_translated(gateway, request, read)
-    served, _adapter = await gateway.resolve(chat.chat.model)
-    messages = [normalize_message(m.model_dump(exclude_none=True)) for m in chat.chat.messages]
-    tools = [t.model_dump(exclude_none=True) for t in chat.chat.tools] if chat.chat.tools else None
-    template_kwargs = chat.chat.chat_template_kwargs
-    chars = _check_prompt_length(served, messages)  # 400 for what no context can hold
-    if tools:
-        chars += len(orjson.dumps(tools))
-    try:
-        if chars <= INLINE_PROMPT_CHARS and not (rollout and served.store.evicted(rollout)):
-            ids = _build_prompt(served, messages, tools, rollout, template_kwargs)
-        else:
-            ids = await asyncio.to_thread(
-                _build_prompt, served, messages, tools, rollout, template_kwargs
-            )
-    except Exception as exc:  # a template that cannot render these messages
-        raise APIError(400, f"cannot render the messages with the chat template: {exc}") from None
+    chat, _ = await read_translated(serving, request, read)
+    served, _adapter = await serving.resolve(chat.chat.model)
+    _messages, _tools, ids = await render_prompt(served, chat.chat, rollout)
     return json_response({"input_tokens": len(ids)})
 
 
@@ -721,97 +679,107 @@ def error_response(error: APIError) -> Response:
 
 
 def _event(kind: str, **fields: Any) -> str:
-    payload = orjson.dumps({"type": kind, **fields}).decode()
-    return f"event: {kind}\ndata: {payload}\n\n"
+    return named_event(kind, {"type": kind, **fields})
 
 
-async def stream_events(answer: Answer) -> AsyncIterator[str]:
-    """The documented event sequence of a streamed message: ``message_start``, ``ping``, per
-    content block ``content_block_start``, its deltas (``thinking_delta`` and ``text_delta``
-    as sampled; ``input_json_delta`` for a ``tool_use`` once the calls are parsed) and
-    ``content_block_stop``, then ``message_delta`` (stop reason, usage, and the extension
-    fields ``call_id``, ``token_ids``, ``adapter_step``) and ``message_stop``. An error
-    while sampling ends the stream with an ``error`` event in Anthropic's shape."""
-    yield _event("message_start", message=answer.started())
-    yield _event("ping")
-    text = StreamedText(1)
-    blocks: list[str] = []  # the kinds of the blocks started, in order
-    opened = False  # whether the last started block is still open
+def stream_events(answer: Answer) -> AsyncIterator[str]:
+    """The documented event sequence of a streamed message (``MessagesEncoder``).
 
-    def start(kind: str, block: dict[str, Any]) -> list[str]:
-        nonlocal opened
-        events = close()
-        blocks.append(kind)
-        opened = True
-        events.append(_event("content_block_start", index=len(blocks) - 1, content_block=block))
+    Example:
+        >>> event_stream(stream_events(answer))  # doctest: +SKIP
+    """
+    return stream_answer([answer.call], MessagesEncoder(answer))
+
+
+class MessagesEncoder:
+    """The event sequence of a streamed message (``answering.StreamEncoder``):
+    ``message_start``, ``ping``, per content block ``content_block_start``, its deltas
+    (``thinking_delta`` and ``text_delta`` as sampled; ``input_json_delta`` for a
+    ``tool_use`` once the calls are parsed) and ``content_block_stop``, then
+    ``message_delta`` (stop reason, usage, and the extension fields ``call_id``,
+    ``token_ids``, ``adapter_step``) and ``message_stop``. An error while sampling ends the
+    stream with an ``error`` event in Anthropic's shape."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.blocks: list[str] = []  # the kinds of the blocks started, in order
+        self.opened = False  # whether the last started block is still open
+
+    def start(self, kind: str, block: dict[str, Any]) -> list[str]:
+        events = self.close()
+        self.blocks.append(kind)
+        self.opened = True
+        index = len(self.blocks) - 1
+        events.append(_event("content_block_start", index=index, content_block=block))
         return events
 
-    def close() -> list[str]:
-        nonlocal opened
-        if not opened:
+    def close(self) -> list[str]:
+        if not self.opened:
             return []
-        opened = False
-        return [_event("content_block_stop", index=len(blocks) - 1)]
+        self.opened = False
+        return [_event("content_block_stop", index=len(self.blocks) - 1)]
 
-    def delta(field_name: str, chunk: str) -> list[str]:
+    def text(self, field_name: str, chunk: str) -> list[str]:
+        """The events of new text in ``field_name`` (reasoning or content)."""
         events: list[str] = []
+        last = self.blocks[-1] if self.opened else None
         if field_name == "reasoning_content":
-            if "text" in blocks:
+            if "text" in self.blocks:
                 return []  # reasoning after the answer began: only in the record
-            if not (opened and blocks[-1] == "thinking"):
-                events += start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            if last != "thinking":
+                events += self.start(
+                    "thinking", {"type": "thinking", "thinking": "", "signature": ""}
+                )
             body = {"type": "thinking_delta", "thinking": chunk}
         else:
-            if not (opened and blocks[-1] == "text"):
-                events += start("text", {"type": "text", "text": ""})
+            if last != "text":
+                events += self.start("text", {"type": "text", "text": ""})
             body = {"type": "text_delta", "text": chunk}
-        events.append(_event("content_block_delta", index=len(blocks) - 1, delta=body))
+        events.append(_event("content_block_delta", index=len(self.blocks) - 1, delta=body))
         return events
 
-    recorded: LLMCall | None = None
-    try:
-        async for item in sampled_deltas(answer.call, text):
-            if isinstance(item, Recorded):
-                recorded = item.calls[0]
-                continue
-            for line in delta(item.field, item.text):
-                yield line
-    except Exception as exc:
-        if isinstance(exc, EngineError):
-            refused = engine_error(exc)
-        else:
-            logger.error("a streamed message failed", exc_info=exc)
-            refused = internal_error(exc)
-        yield _event("error", error=error_body(refused)["error"])
-        return
-    assert recorded is not None
-    rest = text.rest(recorded)
-    for field_name in ("reasoning_content", "content"):
-        if rest.get(field_name):
-            for line in delta(field_name, rest[field_name]):
-                yield line
-    uses = answer.tool_uses(recorded)
-    if "text" not in blocks and not uses:
-        for line in start("text", {"type": "text", "text": ""}):
-            yield line
-    for line in close():
-        yield line
-    for use in uses:
-        for line in start("tool_use", {**use, "input": {}}):
-            yield line
-        partial = json.dumps(use["input"], ensure_ascii=False)
+    def opening(self) -> Iterable[str]:
+        return [_event("message_start", message=self.answer.started()), _event("ping")]
+
+    def delta(self, delta: TextDelta) -> Iterable[str]:
+        return self.text(delta.field, delta.text)
+
+    def finished(self, recorded: list[list[LLMCall]], texts: list[StreamedText]) -> Iterable[str]:
+        (choices,), (text,) = recorded, texts
+        call = choices[0]
+        rest = text.rest(call)
+        for field_name in ("reasoning_content", "content"):
+            if rest.get(field_name):
+                yield from self.text(field_name, rest[field_name])
+        uses = self.answer.tool_uses(call)
+        if "text" not in self.blocks and not uses:
+            yield from self.start("text", {"type": "text", "text": ""})
+        yield from self.close()
+        for use in uses:
+            yield from self.start("tool_use", {**use, "input": {}})
+            partial = json.dumps(use["input"], ensure_ascii=False)
+            yield _event(
+                "content_block_delta",
+                index=len(self.blocks) - 1,
+                delta={"type": "input_json_delta", "partial_json": partial},
+            )
+            yield from self.close()
+        reason, sequence = self.answer.stop(call)
         yield _event(
-            "content_block_delta",
-            index=len(blocks) - 1,
-            delta={"type": "input_json_delta", "partial_json": partial},
+            "message_delta",
+            delta={"stop_reason": reason, "stop_sequence": sequence},
+            usage=self.answer.usage(call),
+            **self.answer.extension(call),
         )
-        for line in close():
-            yield line
-    reason, sequence = answer.stop(recorded)
-    yield _event(
-        "message_delta",
-        delta={"stop_reason": reason, "stop_sequence": sequence},
-        usage=answer.usage(recorded),
-        **answer.extension(recorded),
-    )
-    yield _event("message_stop")
+        yield _event("message_stop")
+
+    def failed(
+        self, error: APIError, recorded: list[list[LLMCall]], texts: list[StreamedText]
+    ) -> Iterable[str]:
+        return [_event("error", error=error_body(error)["error"])]
+
+
+ROUTES = (
+    APIRoute("/v1/messages", create, error_response=error_response),
+    APIRoute("/v1/messages/count_tokens", count_tokens, error_response=error_response),
+)

@@ -34,37 +34,33 @@ Refused (400): images and files in the input (text models), ``item_reference`` i
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import re
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
-from art_core.engines.base import EngineError
-from art_core.gateway.apis.edge import (
+from art_core.gateway.answering import sample_shielded, stream_answer
+from art_core.gateway.deltas import StreamedText, TextDelta
+from art_core.gateway.errors import APIError, validation_message
+from art_core.gateway.reading import (
     Translated,
-    log_ignored,
     prepare_translated,
     read_translated,
     recorded_fields,
 )
-from art_core.gateway.deltas import Recorded, StreamedText, sampled_deltas
-from art_core.gateway.errors import APIError, engine_error, internal_error, validation_message
-from art_core.gateway.recording import sample_and_record
 from art_core.gateway.requests import PreparedCall
-from art_core.gateway.responses import completion_response
+from art_core.gateway.routes import APIRoute
+from art_core.gateway.serving import Serving, rollout_id
+from art_core.gateway.wire import completion_response, event_stream, named_event
 from art_core.trajectories import LLMCall, new_id
-
-if TYPE_CHECKING:
-    from art_core.gateway.app import Gateway
 
 API = "responses"
 # Fields this module serves (the rest are accepted, ignored and named in the record).
@@ -194,62 +190,6 @@ def _tools(raw: Any) -> ToolNames:
         return names
     if not isinstance(raw, list):
         raise _bad("tools must be a list", "tools")
-
-    def add(tool: dict[str, Any], where: str, namespace: str | None) -> None:
-        kind = tool.get("type")
-        name = tool.get("name")
-        if kind not in ("function", "custom"):
-            names.ignored.append(str(kind)[:64])
-            return
-        if not isinstance(name, str) or not NAME.match(name):
-            raise _bad(f"{where}.name must be 1-64 letters, digits, '_' or '-'", f"{where}.name")
-        model_name = names.model_name(name, namespace)
-        if not NAME.match(model_name):
-            raise _bad(
-                f"{where}: {namespace!r}__{name!r} is longer than the 64 characters of a tool name",
-                where,
-            )
-        description = tool.get("description")
-        if description is not None and not isinstance(description, str):
-            raise _bad(f"{where}.description must be a string", f"{where}.description")
-        if kind == "function":
-            parameters = tool.get("parameters")
-            if parameters is None:
-                parameters = {"type": "object", "properties": {}}
-            function = {"name": model_name, "parameters": parameters}
-            if isinstance(tool.get("strict"), bool):
-                function["strict"] = tool["strict"]
-        else:
-            names.custom.add(model_name)
-            text_schema: dict[str, Any] = {"type": "string"}
-            fmt = tool.get("format")
-            if isinstance(fmt, dict) and fmt.get("type") == "grammar":
-                syntax, definition = fmt.get("syntax"), fmt.get("definition")
-                if not isinstance(definition, str) or syntax not in ("regex", "lark"):
-                    raise _bad(
-                        f"{where}.format: a grammar needs syntax 'regex' or 'lark' and a "
-                        "definition",
-                        f"{where}.format",
-                    )
-                if syntax == "regex":
-                    # A JSON Schema pattern matches anywhere in the string: anchored, the
-                    # whole input must match, as a custom tool's regex grammar means.
-                    text_schema["pattern"] = f"^(?:{definition})$"
-            function = {
-                "name": model_name,
-                "parameters": {
-                    "type": "object",
-                    "properties": {CUSTOM_INPUT: text_schema},
-                    "required": [CUSTOM_INPUT],
-                    "additionalProperties": False,
-                },
-            }
-        if description:
-            function["description"] = description
-        if namespace:
-            names.namespaced[model_name] = (namespace, name)
-        names.chat_tools.append({"type": "function", "function": function})
-
     for i, tool in enumerate(raw):
         where = f"tools.{i}"
         if not isinstance(tool, dict):
@@ -261,10 +201,69 @@ def _tools(raw: Any) -> ToolNames:
             for j, member in enumerate(inner):
                 if not isinstance(member, dict):
                     raise _bad(f"{where}.tools.{j} must be an object", f"{where}.tools.{j}")
-                add(member, f"{where}.tools.{j}", namespace or None)
+                _add_tool(names, member, f"{where}.tools.{j}", namespace or None)
         else:
-            add(tool, where, None)
+            _add_tool(names, tool, where, None)
     return names
+
+
+def _add_tool(names: ToolNames, tool: dict[str, Any], where: str, namespace: str | None) -> None:
+    """One function or custom tool as a chat function tool (a hosted tool is only named)."""
+    kind = tool.get("type")
+    name = tool.get("name")
+    if kind not in ("function", "custom"):
+        names.ignored.append(str(kind)[:64])
+        return
+    if not isinstance(name, str) or not NAME.match(name):
+        raise _bad(f"{where}.name must be 1-64 letters, digits, '_' or '-'", f"{where}.name")
+    model_name = names.model_name(name, namespace)
+    if not NAME.match(model_name):
+        raise _bad(
+            f"{where}: {namespace!r}__{name!r} is longer than the 64 characters of a tool name",
+            where,
+        )
+    description = tool.get("description")
+    if description is not None and not isinstance(description, str):
+        raise _bad(f"{where}.description must be a string", f"{where}.description")
+    if kind == "function":
+        parameters = tool.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        function = {"name": model_name, "parameters": parameters}
+        if isinstance(tool.get("strict"), bool):
+            function["strict"] = tool["strict"]
+    else:
+        names.custom.add(model_name)
+        function = {"name": model_name, "parameters": _custom_input_schema(tool, where)}
+    if description:
+        function["description"] = description
+    if namespace:
+        names.namespaced[model_name] = (namespace, name)
+    names.chat_tools.append({"type": "function", "function": function})
+
+
+def _custom_input_schema(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    """A custom tool's free-text input as a function's parameters (``{"input": str}``),
+    constrained by its ``regex`` grammar when it has one."""
+    text_schema: dict[str, Any] = {"type": "string"}
+    fmt = tool.get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+        syntax, definition = fmt.get("syntax"), fmt.get("definition")
+        if not isinstance(definition, str) or syntax not in ("regex", "lark"):
+            raise _bad(
+                f"{where}.format: a grammar needs syntax 'regex' or 'lark' and a definition",
+                f"{where}.format",
+            )
+        if syntax == "regex":
+            # A JSON Schema pattern matches anywhere in the string: anchored, the whole
+            # input must match, as a custom tool's regex grammar means.
+            text_schema["pattern"] = f"^(?:{definition})$"
+    return {
+        "type": "object",
+        "properties": {CUSTOM_INPUT: text_schema},
+        "required": [CUSTOM_INPUT],
+        "additionalProperties": False,
+    }
 
 
 def _tool_choice(raw: Any, names: ToolNames) -> Any:
@@ -326,50 +325,11 @@ class _Conversation:
         if not isinstance(kind, str):
             raise _bad(f"{where}.type must be a string", f"{where}.type")
         if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "assistant", "system", "developer"):
-                raise _bad(
-                    f"{where}.role must be user, assistant, system or developer", f"{where}.role"
-                )
-            text = _text_of(item.get("content"), where)
-            if role == "assistant":
-                turn = self._assistant()
-                if turn.get("tool_calls"):  # a new answer after calls: its own turn
-                    turn = {"role": "assistant", "content": ""}
-                    self.messages.append(turn)
-                turn["content"] += text
-            else:
-                self.messages.append(
-                    {"role": "system" if role == "developer" else role, "content": text}
-                )
+            self.add_message(item, where)
         elif kind == "reasoning":
-            text = _reasoning_text(item, where)
-            turn = self._assistant()
-            if turn.get("tool_calls") or turn["content"]:
-                turn = {"role": "assistant", "content": ""}
-                self.messages.append(turn)
-            if text:
-                turn["reasoning_content"] = turn.get("reasoning_content", "") + text
+            self.add_reasoning(item, where)
         elif kind in ("function_call", "custom_tool_call"):
-            call_id, name = item.get("call_id"), item.get("name")
-            if not isinstance(call_id, str) or not isinstance(name, str):
-                raise _bad(f"{where}: a {kind} needs call_id and name", where)
-            namespace = item.get("namespace") if isinstance(item.get("namespace"), str) else None
-            model_name = self.names.model_name(name, namespace)
-            if kind == "function_call":
-                arguments = _arguments(item.get("arguments"), where)
-            else:
-                free_text = item.get("input")
-                if not isinstance(free_text, str):
-                    raise _bad(f"{where}.input must be a string", f"{where}.input")
-                arguments = orjson.dumps({CUSTOM_INPUT: free_text}).decode()
-            self._assistant().setdefault("tool_calls", []).append(
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": model_name, "arguments": arguments},
-                }
-            )
+            self.add_call(item, kind, where)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id, output = item.get("call_id"), item.get("output")
             if not isinstance(call_id, str):
@@ -386,6 +346,54 @@ class _Conversation:
             self.ignored_items.append(kind)
         else:
             raise _bad(f"{where}: unknown input item type {kind!r}", f"{where}.type")
+
+    def add_message(self, item: dict[str, Any], where: str) -> None:
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise _bad(
+                f"{where}.role must be user, assistant, system or developer", f"{where}.role"
+            )
+        text = _text_of(item.get("content"), where)
+        if role != "assistant":
+            self.messages.append(
+                {"role": "system" if role == "developer" else role, "content": text}
+            )
+            return
+        turn = self._assistant()
+        if turn.get("tool_calls"):  # a new answer after calls: its own turn
+            turn = {"role": "assistant", "content": ""}
+            self.messages.append(turn)
+        turn["content"] += text
+
+    def add_reasoning(self, item: dict[str, Any], where: str) -> None:
+        text = _reasoning_text(item, where)
+        turn = self._assistant()
+        if turn.get("tool_calls") or turn["content"]:
+            turn = {"role": "assistant", "content": ""}
+            self.messages.append(turn)
+        if text:
+            turn["reasoning_content"] = turn.get("reasoning_content", "") + text
+
+    def add_call(self, item: dict[str, Any], kind: str, where: str) -> None:
+        call_id, name = item.get("call_id"), item.get("name")
+        if not isinstance(call_id, str) or not isinstance(name, str):
+            raise _bad(f"{where}: a {kind} needs call_id and name", where)
+        namespace = item.get("namespace") if isinstance(item.get("namespace"), str) else None
+        model_name = self.names.model_name(name, namespace)
+        if kind == "function_call":
+            arguments = _arguments(item.get("arguments"), where)
+        else:
+            free_text = item.get("input")
+            if not isinstance(free_text, str):
+                raise _bad(f"{where}.input must be a string", f"{where}.input")
+            arguments = orjson.dumps({CUSTOM_INPUT: free_text}).decode()
+        self._assistant().setdefault("tool_calls", []).append(
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": model_name, "arguments": arguments},
+            }
+        )
 
 
 def _system_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -485,14 +493,8 @@ class ResponseStore:
         return stored.messages
 
 
-def translate(payload: dict[str, Any], previous: list[dict[str, Any]] | None = None) -> Translated:
-    """A Responses request as the chat request it becomes (``previous``: the messages of the
-    response it continues).
-
-    Example:
-        >>> translate({"model": "m", "input": "hi", "instructions": "Be brief."}).chat["messages"]
-        [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'hi'}]
-    """
+def _check_supported(payload: dict[str, Any]) -> None:
+    """400 for a body of the wrong shape, or asking for what the gateway does not do."""
     try:
         ResponsesRequest.model_validate(payload)
     except ValidationError as exc:
@@ -507,9 +509,11 @@ def translate(payload: dict[str, Any], previous: list[dict[str, Any]] | None = N
             )
     if payload.get("background"):
         raise _bad("background responses are not supported", "background")
-    names = _tools(payload.get("tools"))
+
+
+def _input_conversation(raw_input: Any, names: ToolNames) -> _Conversation:
+    """The request's ``input`` (a string or items) as chat messages."""
     conversation = _Conversation(names)
-    raw_input = payload.get("input")
     if isinstance(raw_input, str):
         conversation.messages.append({"role": "user", "content": raw_input})
     elif isinstance(raw_input, list):
@@ -519,6 +523,37 @@ def translate(payload: dict[str, Any], previous: list[dict[str, Any]] | None = N
             conversation.add(item, f"input.{i}")
     elif raw_input is not None:
         raise _bad("input must be a string or a list of items", "input")
+    return conversation
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    """``text.format`` as the chat request's ``response_format`` (None for plain text)."""
+    if text is not None and not isinstance(text, dict):
+        raise _bad("text must be an object", "text")
+    fmt = (text or {}).get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": fmt.get("name") or "response", "schema": fmt.get("schema")},
+        }
+    if isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise _bad("text.format.type must be text, json_object or json_schema", "text.format")
+    return None
+
+
+def translate(payload: dict[str, Any], previous: list[dict[str, Any]] | None = None) -> Translated:
+    """A Responses request as the chat request it becomes (``previous``: the messages of the
+    response it continues).
+
+    Example:
+        >>> translate({"model": "m", "input": "hi", "instructions": "Be brief."}).chat["messages"]
+        [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'hi'}]
+    """
+    _check_supported(payload)
+    names = _tools(payload.get("tools"))
+    conversation = _input_conversation(payload.get("input"), names)
     instructions = payload.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise _bad("instructions must be a string", "instructions")
@@ -541,19 +576,9 @@ def translate(payload: dict[str, Any], previous: list[dict[str, Any]] | None = N
     ):
         if payload.get(source) is not None:
             chat[target] = payload[source]
-    text = payload.get("text")
-    if text is not None and not isinstance(text, dict):
-        raise _bad("text must be an object", "text")
-    fmt = (text or {}).get("format")
-    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        chat["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": fmt.get("name") or "response", "schema": fmt.get("schema")},
-        }
-    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
-        chat["response_format"] = {"type": "json_object"}
-    elif fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise _bad("text.format.type must be text, json_object or json_schema", "text.format")
+    response_format = _response_format(payload.get("text"))
+    if response_format is not None:
+        chat["response_format"] = response_format
     recorded = recorded_fields(payload, SERVED_FIELDS, NOT_RECORDED)
     if names.ignored:
         recorded["ignored_tools"] = names.ignored[:32]
@@ -700,103 +725,98 @@ class Answer:
         return body
 
 
-def _remember(gateway: Gateway, answer: Answer, recorded: LLMCall) -> None:
+def stored_responses(serving: Serving) -> ResponseStore:
+    """The responses ``serving`` keeps for ``previous_response_id`` (one store a gateway)."""
+    return serving.state(API, ResponseStore)
+
+
+def _remember(store: ResponseStore, answer: Answer, recorded: LLMCall) -> None:
     if answer.payload.get("store") is False:
         return
     conversation = answer.translated.context["conversation"]
-    gateway.responses.put(answer.scope, answer.id, [*conversation, recorded.response_message])
+    store.put(answer.scope, answer.id, [*conversation, recorded.response_message])
 
 
-async def create(gateway: Gateway, request: Request) -> Response:
+def _previous(store: ResponseStore, scope: Scope, payload: dict[str, Any]) -> Any:
+    """The messages of the response ``payload`` continues (None when it continues none);
+    400 for an id this gateway did not keep for the scope."""
+    previous_id = payload.get("previous_response_id")
+    if previous_id is None:
+        return None
+    if not isinstance(previous_id, str):
+        raise _bad("previous_response_id must be a string", "previous_response_id")
+    previous = store.get(scope, previous_id)
+    if previous is None:
+        # One message for every miss: whether another rollout or token kept this id
+        # is not the caller's to learn.
+        raise _bad(
+            f"previous_response_id {previous_id[:80]!r} is not a response this "
+            "gateway kept for this rollout and token (unknown, kept for another, "
+            "answered with store: false, or forgotten)",
+            "previous_response_id",
+        )
+    return previous
+
+
+async def create(serving: Serving, request: Request) -> Response:
     """``POST /v1/responses``: answer one request as a ``response`` or its event stream.
 
     Example:
-        >>> Route("/v1/responses", answered(gateway.bound(create)))  # doctest: +SKIP
+        >>> APIRoute("/v1/responses", create)  # doctest: +SKIP
     """
-    from art_core.gateway.app import rollout_id
-
     rollout = rollout_id(request)
     scope = response_scope(request, rollout)
+    store = stored_responses(serving)
     payloads: list[dict[str, Any]] = []
 
     def read(payload: dict[str, Any]) -> Translated:
         payloads.append(payload)
-        previous_id = payload.get("previous_response_id")
-        previous = None
-        if previous_id is not None:
-            if not isinstance(previous_id, str):
-                raise _bad("previous_response_id must be a string", "previous_response_id")
-            previous = gateway.responses.get(scope, previous_id)
-            if previous is None:
-                # One message for every miss: whether another rollout or token kept this id
-                # is not the caller's to learn.
-                raise _bad(
-                    f"previous_response_id {previous_id[:80]!r} is not a response this "
-                    "gateway kept for this rollout and token (unknown, kept for another, "
-                    "answered with store: false, or forgotten)",
-                    "previous_response_id",
-                )
-        return translate(payload, previous)
+        return translate(payload, _previous(store, scope, payload))
 
-    chat, translated = await read_translated(gateway, request, read)
+    chat, translated = await read_translated(serving, request, read)
     payload = payloads[0]
     if payload.get("stream") not in (None, False, True):
         raise _bad("stream must be a boolean", "stream")
-    log_ignored(gateway, API, translated.recorded)
-    call = await prepare_translated(gateway, request, chat, translated, api=API, rollout_id=rollout)
+    serving.log_ignored(API, translated.recorded)
+    call = await prepare_translated(serving, chat, translated, api=API, rollout_id=rollout)
     answer = Answer(call, payload, translated, scope)
     if payload.get("stream"):
-        return StreamingResponse(
-            stream_events(gateway, answer),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
-    # Shielded: a client that hangs up does not cancel the sampling or the recording.
-    task = asyncio.ensure_future(sample_and_record(call))
-    try:
-        calls = await asyncio.shield(task)
-    except EngineError as exc:
-        raise engine_error(exc) from None
-    _remember(gateway, answer, calls[0])
-    return completion_response(answer.body(calls[0]))
+        return event_stream(stream_answer([call], ResponsesEncoder(answer, store)))
+    (sampled,) = await sample_shielded([call])
+    _remember(store, answer, sampled.calls[0])
+    return completion_response(answer.body(sampled.calls[0]))
 
 
-class _Events:
-    """Numbered server-sent events of one streamed response."""
-
-    def __init__(self) -> None:
-        self.sequence = 0
-
-    def __call__(self, kind: str, **fields: Any) -> str:
-        event = {"type": kind, "sequence_number": self.sequence, **fields}
-        self.sequence += 1
-        return f"event: {kind}\ndata: {orjson.dumps(event).decode()}\n\n"
-
-
-async def stream_events(gateway: Gateway, answer: Answer) -> AsyncIterator[str]:
-    """The documented event sequence of a streamed response: ``response.created``,
-    ``response.in_progress``, per output item ``output_item.added``, its deltas
-    (``reasoning_text.delta``, ``output_text.delta`` as sampled;
+class ResponsesEncoder:
+    """The documented event sequence of a streamed response (``answering.StreamEncoder``):
+    ``response.created``, ``response.in_progress``, per output item ``output_item.added``,
+    its deltas (``reasoning_text.delta``, ``output_text.delta`` as sampled;
     ``function_call_arguments.delta`` / ``custom_tool_call_input.delta`` once the calls are
     parsed) and ``...done`` events, then ``response.completed`` (or ``response.incomplete``)
-    with usage."""
-    event = _Events()
-    yield event("response.created", response=answer.body(None))
-    yield event("response.in_progress", response=answer.body(None))
-    text = StreamedText(1)
-    output: list[dict[str, Any]] = []
-    opened: str | None = None  # the item being streamed: "reasoning" or "message"
-    streamed = {"reasoning_content": "", "content": ""}
+    with usage; ``error`` and ``response.failed`` when sampling fails. Events are numbered
+    (``sequence_number``)."""
 
-    def close() -> list[str]:
+    def __init__(self, answer: Answer, store: ResponseStore) -> None:
+        self.answer = answer
+        self.store = store
+        self.sequence = 0
+        self.output: list[dict[str, Any]] = []  # the items done, in order
+        self.opened: str | None = None  # the item being streamed: "reasoning" or "message"
+        self.streamed = {"reasoning_content": "", "content": ""}
+
+    def event(self, kind: str, **fields: Any) -> str:
+        payload = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return named_event(kind, payload)
+
+    def close(self) -> list[str]:
         """The done events of the item being streamed."""
-        nonlocal opened
+        answer, index = self.answer, len(self.output)
         events = []
-        index = len(output)
-        if opened == "reasoning":
-            whole = streamed["reasoning_content"]
+        if self.opened == "reasoning":
+            whole = self.streamed["reasoning_content"]
             events.append(
-                event(
+                self.event(
                     "response.reasoning_text.done",
                     item_id=answer.reasoning_id,
                     output_index=index,
@@ -805,11 +825,11 @@ async def stream_events(gateway: Gateway, answer: Answer) -> AsyncIterator[str]:
                 )
             )
             item = answer.reasoning_item(whole)
-        elif opened == "message":
-            whole = streamed["content"]
+        elif self.opened == "message":
+            whole = self.streamed["content"]
             part = {"type": "output_text", "text": whole, "annotations": [], "logprobs": []}
             events.append(
-                event(
+                self.event(
                     "response.output_text.done",
                     item_id=answer.message_id,
                     output_index=index,
@@ -819,7 +839,7 @@ async def stream_events(gateway: Gateway, answer: Answer) -> AsyncIterator[str]:
                 )
             )
             events.append(
-                event(
+                self.event(
                     "response.content_part.done",
                     item_id=answer.message_id,
                     output_index=index,
@@ -830,98 +850,66 @@ async def stream_events(gateway: Gateway, answer: Answer) -> AsyncIterator[str]:
             item = answer.message_item(whole)
         else:
             return events
-        events.append(event("response.output_item.done", output_index=index, item=item))
-        output.append(item)
-        opened = None
+        events.append(self.event("response.output_item.done", output_index=index, item=item))
+        self.output.append(item)
+        self.opened = None
         return events
 
-    def open_item(kind: str) -> list[str]:
-        nonlocal opened
-        events = close() if opened not in (None, kind) else []
-        if opened == kind:
-            return events
-        opened = kind
-        index = len(output)
+    def open_item(self, kind: str) -> list[str]:
+        """The events that start an item of ``kind`` (closing the one before)."""
+        if self.opened == kind:
+            return []
+        events = self.close() if self.opened is not None else []
+        self.opened = kind
+        index = len(self.output)
         if kind == "reasoning":
-            item = answer.reasoning_item("", status="in_progress")
-            events.append(event("response.output_item.added", output_index=index, item=item))
-        else:
-            item = answer.message_item("", status="in_progress")
-            events.append(event("response.output_item.added", output_index=index, item=item))
-            events.append(
-                event(
-                    "response.content_part.added",
-                    item_id=answer.message_id,
-                    output_index=index,
-                    content_index=0,
-                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
-                )
+            item = self.answer.reasoning_item("", status="in_progress")
+            events.append(self.event("response.output_item.added", output_index=index, item=item))
+            return events
+        item = self.answer.message_item("", status="in_progress")
+        events.append(self.event("response.output_item.added", output_index=index, item=item))
+        events.append(
+            self.event(
+                "response.content_part.added",
+                item_id=self.answer.message_id,
+                output_index=index,
+                content_index=0,
+                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
             )
+        )
         return events
 
-    def delta_events(field_name: str, delta: str) -> list[str]:
+    def text(self, field_name: str, delta: str) -> list[str]:
+        """The events of new text in ``field_name`` (reasoning or content)."""
         kind = "reasoning" if field_name == "reasoning_content" else "message"
         if kind == "reasoning" and (
-            opened == "message" or any(i["type"] == "message" for i in output)
+            self.opened == "message" or any(i["type"] == "message" for i in self.output)
         ):
             return []  # reasoning after the answer began: it comes with the final record
-        events = open_item(kind)
-        streamed[field_name] += delta
-        name = (
-            "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-        )
-        item_id = answer.reasoning_id if kind == "reasoning" else answer.message_id
+        events = self.open_item(kind)
+        self.streamed[field_name] += delta
         fields: dict[str, Any] = {
-            "item_id": item_id,
-            "output_index": len(output),
+            "item_id": self.answer.reasoning_id if kind == "reasoning" else self.answer.message_id,
+            "output_index": len(self.output),
             "content_index": 0,
             "delta": delta,
         }
         if kind == "message":
             fields["logprobs"] = []
-        events.append(event(name, **fields))
+        name = (
+            "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+        )
+        events.append(self.event(name, **fields))
         return events
 
-    recorded: LLMCall | None = None
-    try:
-        async for item in sampled_deltas(answer.call, text):
-            if isinstance(item, Recorded):
-                recorded = item.calls[0]
-                continue
-            for line in delta_events(item.field, item.text):
-                yield line
-    except Exception as exc:
-        if isinstance(exc, EngineError):
-            refused = engine_error(exc)
-            code, message = refused.code or refused.type, refused.message
-        else:
-            code, message = "server_error", internal_error(exc).message
-        yield event("error", code=code, message=message, param=None)
-        failed = answer.body(None)
-        failed.update(status="failed", error={"code": code, "message": message})
-        yield event("response.failed", response=failed)
-        return
-    assert recorded is not None
-    answered = recorded.response_message
-    rest = text.rest(recorded)
-    for field_name in ("reasoning_content", "content"):
-        if rest.get(field_name):
-            for line in delta_events(field_name, rest[field_name]):
-                yield line
-    if opened is None and not output and not answered.get("tool_calls"):
-        for line in open_item("message"):
-            yield line
-    for line in close():
-        yield line
-    for call_item in answer.call_items(recorded):
-        index = len(output)
+    def call_item_events(self, call_item: dict[str, Any]) -> list[str]:
+        """A tool call's item, whole: added, its one delta, done."""
+        index = len(self.output)
         custom = call_item["type"] == "custom_tool_call"
-        added = {**call_item, "status": "in_progress", ("input" if custom else "arguments"): ""}
-        yield event("response.output_item.added", output_index=index, item=added)
-        whole = call_item["input"] if custom else call_item["arguments"]
-        prefix = "response.custom_tool_call_input" if custom else "response.function_call_arguments"
-        yield event(f"{prefix}.delta", item_id=call_item["id"], output_index=index, delta=whole)
         done_field = "input" if custom else "arguments"
+        whole = call_item[done_field]
+        prefix = "response.custom_tool_call_input" if custom else "response.function_call_arguments"
+        added = {**call_item, "status": "in_progress", done_field: ""}
         done: dict[str, Any] = {
             "item_id": call_item["id"],
             "output_index": index,
@@ -929,10 +917,59 @@ async def stream_events(gateway: Gateway, answer: Answer) -> AsyncIterator[str]:
         }
         if not custom:
             done["name"] = call_item["name"]
-        yield event(f"{prefix}.done", **done)
-        yield event("response.output_item.done", output_index=index, item=call_item)
-        output.append(call_item)
-    _remember(gateway, answer, recorded)
-    final = answer.body(recorded, output)
-    kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-    yield event(kind, response=final)
+        self.output.append(call_item)
+        return [
+            self.event("response.output_item.added", output_index=index, item=added),
+            self.event(f"{prefix}.delta", item_id=call_item["id"], output_index=index, delta=whole),
+            self.event(f"{prefix}.done", **done),
+            self.event("response.output_item.done", output_index=index, item=call_item),
+        ]
+
+    def opening(self) -> Iterable[str]:
+        return [
+            self.event("response.created", response=self.answer.body(None)),
+            self.event("response.in_progress", response=self.answer.body(None)),
+        ]
+
+    def delta(self, delta: TextDelta) -> Iterable[str]:
+        return self.text(delta.field, delta.text)
+
+    def finished(self, recorded: list[list[LLMCall]], texts: list[StreamedText]) -> Iterable[str]:
+        (choices,), (text,) = recorded, texts
+        call = choices[0]
+        rest = text.rest(call)
+        for field_name in ("reasoning_content", "content"):
+            if rest.get(field_name):
+                yield from self.text(field_name, rest[field_name])
+        if self.opened is None and not self.output and not call.response_message.get("tool_calls"):
+            yield from self.open_item("message")
+        yield from self.close()
+        for call_item in self.answer.call_items(call):
+            yield from self.call_item_events(call_item)
+        _remember(self.store, self.answer, call)
+        final = self.answer.body(call, self.output)
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        yield self.event(kind, response=final)
+
+    def failed(
+        self, error: APIError, recorded: list[list[LLMCall]], texts: list[StreamedText]
+    ) -> Iterable[str]:
+        code = error.code or error.type
+        failed = self.answer.body(None)
+        failed.update(status="failed", error={"code": code, "message": error.message})
+        return [
+            self.event("error", code=code, message=error.message, param=None),
+            self.event("response.failed", response=failed),
+        ]
+
+
+def stream_events(serving: Serving, answer: Answer) -> AsyncIterator[str]:
+    """The events of a streamed response (``ResponsesEncoder``).
+
+    Example:
+        >>> event_stream(stream_events(serving, answer))  # doctest: +SKIP
+    """
+    return stream_answer([answer.call], ResponsesEncoder(answer, stored_responses(serving)))
+
+
+ROUTES = (APIRoute("/v1/responses", create),)

@@ -34,13 +34,16 @@ from typing import Any, Protocol
 
 from art_core.distill.teachers import make_teacher, score_rollouts
 from art_core.model_folder import ADAPTER_CONFIG_FILE, ModelFolder
-from art_core.training.batch import prepare_batch, update_examples
+from art_core.training.batch import PreparedBatch, prepare_batch, update_examples
 from art_core.training.cancel import raise_if_cancelled
 from art_core.training.checkpoints import commit_checkpoint
 from art_core.training.config import TrainConfig, TrainResult
 from art_core.training.distributed.balance import split_by_tokens
+from art_core.training.distributed.local_group import LocalRankGroup
 from art_core.training.distributed.messages import encode_examples
+from art_core.training.distributed.ray_group import RayRankGroup
 from art_core.training.distributed.world import TrainingWorld
+from art_core.training.packing import TrainingExample
 from art_core.training.step_stats import ProgressCallback, StepStats
 from art_core.training.trainer import Trainer
 from art_core.training.training_signal import decode_seen, signal_records
@@ -91,10 +94,7 @@ class RankGroup(Protocol):
 def make_group(world: TrainingWorld, folder: ModelFolder) -> RankGroup:
     """The launcher the world asks for."""
     if world.launcher == "ray":
-        from art_core.training.distributed.ray_group import RayRankGroup
-
         return RayRankGroup(world)
-    from art_core.training.distributed.local_group import LocalRankGroup
 
     return LocalRankGroup(world, folder.logs)
 
@@ -292,31 +292,8 @@ class DistributedTrainer(Trainer):
         step = self.latest_step()
         new_step = step + 1
         self._check_lora(config, step)
-        prepared = prepare_batch(
-            groups,
-            scale_rewards=config.scale_rewards,
-            keep_equal_groups=config.trains_equal_groups,
-        )
-        if config.teacher is not None and prepared.rollouts:
-            # Scored once, here: every rank trains on the same teacher scores.
-            teacher = make_teacher(config.teacher)
-            try:
-                scored = score_rollouts(prepared.rollouts, teacher, top_k=config.teacher.top_k)
-            finally:
-                teacher.close()
-            prepared.metrics.update({f"train/{name}": value for name, value in scored.items()})
-        # The loss weights of each update are computed over the whole update, here, before
-        # any split: where a token runs cannot change its weight.
-        updates = [
-            examples
-            for examples in update_examples(
-                prepared.rollouts,
-                config.optimizer_steps_per_epoch,
-                normalization=config.loss_normalization,
-                dr_grpo_length=config.dr_grpo_length,
-            )
-            if any(example.sequence.num_trainable_tokens for example in examples)
-        ]
+        prepared = _prepared_with_teacher(groups, config)
+        updates = _trainable_updates(prepared, config)
         if not updates:
             return self._nothing_trained(step, groups, prepared.metrics)
         group = self._form(config)
@@ -342,19 +319,7 @@ class DistributedTrainer(Trainer):
                 **relay.metrics(reports, config, updates=config.num_epochs * len(updates)),
                 "train/trained": 1.0,
             }
-            extra_state = {
-                "base_model": str(self.base_model_path),
-                "config": config.model_dump(mode="json"),
-                "metrics": {k: v for k, v in metrics.items() if _finite(v)},
-                "world": self.world.model_dump(mode="json"),
-            }
-            saved = self._call(
-                group, "save", [{"step": new_step, "extra_state": extra_state}] * group.size
-            )
-            staging = saved[0].get("staging")
-            if not staging:
-                raise RankFailure("rank 0 staged no checkpoint")
-            folder = commit_checkpoint(self.folder, new_step, Path(staging))
+            folder = self._save_checkpoint(group, new_step, config, metrics)
         except BaseException as error:
             relay.close()
             self._stop(failed=True)
@@ -375,11 +340,63 @@ class DistributedTrainer(Trainer):
         self._record(step, groups, metrics, checkpoint_step=new_step, signal=signal)
         return TrainResult(step=new_step, metrics=metrics, checkpoint_path=str(folder))
 
+    def _save_checkpoint(
+        self, group: RankGroup, new_step: int, config: TrainConfig, metrics: dict[str, float]
+    ) -> Path:
+        """Have the ranks save step ``new_step`` (rank 0 stages it) and commit it."""
+        extra_state = {
+            "base_model": str(self.base_model_path),
+            "config": config.model_dump(mode="json"),
+            "metrics": {k: v for k, v in metrics.items() if _finite(v)},
+            "world": self.world.model_dump(mode="json"),
+        }
+        saved = self._call(
+            group, "save", [{"step": new_step, "extra_state": extra_state}] * group.size
+        )
+        staging = saved[0].get("staging")
+        if not staging:
+            raise RankFailure("rank 0 staged no checkpoint")
+        return commit_checkpoint(self.folder, new_step, Path(staging))
+
     def _remove_staging(self, step: int) -> None:
         """Remove staging folders of ``step`` left by a rank 0 that died while writing."""
         if self.folder.checkpoints.is_dir():
             for leftover in self.folder.checkpoints.glob(f".{step:04d}-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _prepared_with_teacher(groups: list[TrajectoryGroup], config: TrainConfig) -> PreparedBatch:
+    """The step's rollouts with their advantages, scored by the teacher when there is one."""
+    prepared = prepare_batch(
+        groups,
+        scale_rewards=config.scale_rewards,
+        keep_equal_groups=config.trains_equal_groups,
+    )
+    if config.teacher is not None and prepared.rollouts:
+        # Scored once, here: every rank trains on the same teacher scores.
+        teacher = make_teacher(config.teacher)
+        try:
+            scored = score_rollouts(prepared.rollouts, teacher, top_k=config.teacher.top_k)
+        finally:
+            teacher.close()
+        prepared.metrics.update({f"train/{name}": value for name, value in scored.items()})
+    return prepared
+
+
+def _trainable_updates(prepared: PreparedBatch, config: TrainConfig) -> list[list[TrainingExample]]:
+    """The examples of each update that has tokens to train."""
+    # The loss weights of each update are computed over the whole update, here, before
+    # any split: where a token runs cannot change its weight.
+    return [
+        examples
+        for examples in update_examples(
+            prepared.rollouts,
+            config.optimizer_steps_per_epoch,
+            normalization=config.loss_normalization,
+            dr_grpo_length=config.dr_grpo_length,
+        )
+        if any(example.sequence.num_trainable_tokens for example in examples)
+    ]
 
 
 def _finite(value: float) -> bool:

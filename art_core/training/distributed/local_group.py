@@ -184,7 +184,7 @@ class LocalRankGroup:
 
 def serve(requests: Connection, replies: Connection) -> None:
     """The rank process's loop: one op at a time until ``close`` or the pipe closes."""
-    from art_core.training.distributed.rank import RankWorker
+    from art_core.training.distributed.rank import RankWorker  # torch: in the rank process only
 
     worker = RankWorker()
 

@@ -89,7 +89,7 @@ class RankTrainer(Trainer):
     def _load_model(self, config: TrainingSettings, adapter: Path | None) -> Any:
         if not self.shard_base_model:
             return super()._load_model(config, adapter)
-        from art_core.training.distributed.fsdp import shard_model
+        from art_core.training.distributed.fsdp import shard_model  # FSDP2: only when sharding
 
         # Loaded on the CPU; fully_shard moves only this rank's slices to the device.
         model = load_trainable_model(
@@ -107,7 +107,7 @@ class RankTrainer(Trainer):
     ) -> tuple[Any, torch.optim.Optimizer, list[str]]:
         model, optimizer, names = super()._load_model_and_optimizer(config, adapter)
         if self.shard_base_model:
-            from art_core.training.distributed.fsdp import shard_optimizer_state
+            from art_core.training.distributed.fsdp import shard_optimizer_state  # FSDP2, as above
 
             # The checkpoint holds full state tensors: slice them like their parameters.
             shard_optimizer_state(optimizer)
@@ -234,6 +234,7 @@ class RankTrainer(Trainer):
                 adapter_state: dict[str, torch.Tensor] | None = None
                 optimizer_state: Any = self._optimizer
                 if self.shard_base_model:
+                    # FSDP2, as in _load_model.
                     from art_core.training.distributed.fsdp import (
                         full_optimizer_state,
                         full_trainable_state,

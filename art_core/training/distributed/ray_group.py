@@ -36,7 +36,7 @@ class RankActor:
     """The Ray actor of one rank: a ``RankWorker`` on one persistent torch thread."""
 
     def __init__(self) -> None:
-        from art_core.training.distributed.rank import RankWorker
+        from art_core.training.distributed.rank import RankWorker  # torch: in the actor only
 
         self._worker = RankWorker()
         # One thread for all torch work: OpenMP keeps a thread team per calling thread.

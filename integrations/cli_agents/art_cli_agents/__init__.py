@@ -19,13 +19,22 @@ from art_cli_agents.clock import fixed_clock, libfaketime
 from art_cli_agents.rollout import Task, reward_of, rollout, rollout_group
 from art_cli_agents.sandbox import Limits, ProcessResult, isolation_prefix, run_sandboxed
 from art_cli_agents.tasks import load_task, load_tasks
-from art_cli_agents.train import StepRecord, TrainReport, train
+from art_cli_agents.train import (
+    CLITrainKwargs,
+    CLITrainSettings,
+    StepRecord,
+    TrainReport,
+    train,
+    train_settings,
+)
 
 __all__ = [
     "CLAUDE_CODE_SMALL_MODEL_PROMPT",
     "CODEX_SMALL_MODEL_PROMPT",
     "OPENCODE_SMALL_MODEL_PROMPT",
     "CLIAgent",
+    "CLITrainKwargs",
+    "CLITrainSettings",
     "Limits",
     "ProcessResult",
     "StepRecord",
@@ -44,4 +53,5 @@ __all__ = [
     "rollout_group",
     "run_sandboxed",
     "train",
+    "train_settings",
 ]

@@ -53,6 +53,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 SETUP_FAILED = 125  # as `env` and container runtimes say "could not start"
 # Numbers the kernel reserves at the start of a PID namespace once its pids wrap around.
@@ -408,29 +409,7 @@ def main(argv: list[str] | None = None) -> None:
             bridge.loopback_up()
             listener = bridge.listen(host, int(port))
         if "--writable" in options or "--writable-at" in options:
-            writable = {
-                os.path.realpath(f): os.path.realpath(f) for f in options.get("--writable", [])
-            }
-            pairs = options.get("--writable-at", [])
-            for folder, seen in zip(pairs[::2], pairs[1::2], strict=True):
-                writable[os.path.realpath(folder)] = seen
-            here = os.getcwd()  # its path: once a tmpfs covers /tmp, it may be unreachable
-            confine_filesystem(
-                writable,
-                # unshare --mount-proc mounted /proc for this PID namespace (its first
-                # process); a /tmp of its own unless /tmp is one of the run's folders.
-                own_proc=True,
-                private_tmp=not any(os.path.commonpath([f, "/tmp"]) == f for f in writable),
-                kept=[unix_path] if listener is not None else [],
-                readable=[os.path.realpath(path) for path in options.get("--readable", [])],
-            )
-            # The working folder was looked up on the mount now read-only (or hidden); by its
-            # path again, it is found on the writable one bound over it (at its own path, or
-            # where its folder is seen).
-            seen = seen_path(here, writable)
-            os.chdir(seen)
-            if seen != here and "PWD" in os.environ:
-                os.environ["PWD"] = seen
+            _confine_to_writable(options, kept=[unix_path] if listener is not None else [])
         drop_privileges()
         if listener is not None:
             forwarder = bridge.start_forwarder(listener, unix_path, close_fds=own_fds)
@@ -458,23 +437,7 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(sig, end)
     child = os.fork()
     if child == 0:
-        try:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_DFL)
-            # Its own process group: the sandbox's signal to the launcher's group reaches it
-            # once, passed on from here, not twice.
-            os.setpgid(0, 0)
-            for fd in own_fds:
-                os.close(fd)
-            # A preload meant for the command (art_cli_agents.clock's libfaketime) reaches it
-            # alone: this launcher ran without it.
-            preload = os.environ.pop("ART_SANDBOX_LD_PRELOAD", None)
-            if preload:
-                os.environ["LD_PRELOAD"] = preload
-            os.execvp(command[0], command)
-        except OSError as exc:
-            print(f"art_cli_agents sandbox: cannot run {command[0]!r}: {exc}", file=sys.stderr)
-        os._exit(127)
+        _exec_command(command, own_fds)
     while True:
         # PID 1 inherits every orphan of the namespace: reap them until the command ends.
         pid, status = os.waitpid(-1, 0)
@@ -483,14 +446,66 @@ def main(argv: list[str] | None = None) -> None:
     if not ended:
         ended = True
         report(alive=alive({1, forwarder}))
+    # Exiting, as PID 1: the kernel kills whatever else is still in the namespace.
+    os._exit(_reported_exit(status, report))
+
+
+def _confine_to_writable(options: Mapping[str, Sequence[str]], *, kept: list[str]) -> None:
+    """Leave only the ``--writable`` (and ``--writable-at``) folders writable, then return
+    to the working folder on its writable mount."""
+    writable = {os.path.realpath(f): os.path.realpath(f) for f in options.get("--writable", [])}
+    pairs = options.get("--writable-at", [])
+    for folder, seen in zip(pairs[::2], pairs[1::2], strict=True):
+        writable[os.path.realpath(folder)] = seen
+    here = os.getcwd()  # its path: once a tmpfs covers /tmp, it may be unreachable
+    confine_filesystem(
+        writable,
+        # unshare --mount-proc mounted /proc for this PID namespace (its first
+        # process); a /tmp of its own unless /tmp is one of the run's folders.
+        own_proc=True,
+        private_tmp=not any(os.path.commonpath([f, "/tmp"]) == f for f in writable),
+        kept=kept,
+        readable=[os.path.realpath(path) for path in options.get("--readable", [])],
+    )
+    # The working folder was looked up on the mount now read-only (or hidden); by its
+    # path again, it is found on the writable one bound over it (at its own path, or
+    # where its folder is seen).
+    seen = seen_path(here, writable)
+    os.chdir(seen)
+    if seen != here and "PWD" in os.environ:
+        os.environ["PWD"] = seen
+
+
+def _exec_command(command: list[str], own_fds: tuple[int, ...]) -> NoReturn:
+    """In the forked child: become the command (exit 127 when it cannot start)."""
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        # Its own process group: the sandbox's signal to the launcher's group reaches it
+        # once, passed on from here, not twice.
+        os.setpgid(0, 0)
+        for fd in own_fds:
+            os.close(fd)
+        # A preload meant for the command (art_cli_agents.clock's libfaketime) reaches it
+        # alone: this launcher ran without it.
+        preload = os.environ.pop("ART_SANDBOX_LD_PRELOAD", None)
+        if preload:
+            os.environ["LD_PRELOAD"] = preload
+        os.execvp(command[0], command)
+    except OSError as exc:
+        print(f"art_cli_agents sandbox: cannot run {command[0]!r}: {exc}", file=sys.stderr)
+    os._exit(127)
+
+
+def _reported_exit(status: int, report: _Reporter) -> int:
+    """Report how the command ended (its signal, or its exit code); the launcher's own exit
+    code for it (128 + the signal when killed, as a shell says)."""
     if os.WIFSIGNALED(status):
         report(signal=os.WTERMSIG(status))
-        code = 128 + os.WTERMSIG(status)
-    else:
-        code = os.waitstatus_to_exitcode(status)
-        report(exit=code)
-    # Exiting, as PID 1: the kernel kills whatever else is still in the namespace.
-    os._exit(code)
+        return 128 + os.WTERMSIG(status)
+    code = os.waitstatus_to_exitcode(status)
+    report(exit=code)
+    return code
 
 
 if __name__ == "__main__":

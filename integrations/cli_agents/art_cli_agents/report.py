@@ -234,86 +234,102 @@ def agent_diagnoses(groups: Sequence[art.TrajectoryGroup]) -> list[Diagnosis]:
         ['agent_no_calls', 'agent_errors']
     """
     runs = [t for g in groups for t in g.trajectories]
+    stats = RunStats.of(runs)
+    rules = (
+        _check_cannot_run(runs),
+        _no_calls(stats, len(runs)),
+        _agent_errors(runs, stats),
+        _timeouts(stats, len(runs)),
+    )
+    return [diagnosis for diagnosis in rules if diagnosis is not None]
+
+
+def _check_cannot_run(runs: list[art.Trajectory]) -> Diagnosis | None:
+    """``check_cannot_run``: the task's check could not run in some runs."""
     total = len(runs)
-    found: list[Diagnosis] = []
     broken = Counter(
         int(_metric(t, "check_exit_code", 0))
         for t in runs
         if int(_metric(t, "check_exit_code", 0)) in CHECK_CANNOT_RUN
     )
-    if broken:
-        code, _ = broken.most_common(1)[0]
-        names = sorted({str(t.metadata.get("task", "?")) for t in runs})
-        found.append(
-            Diagnosis(
-                code="check_cannot_run",
-                finding=(
-                    f"the check could not run in {sum(broken.values())} of {total} runs "
-                    f"(exit {code}: {CHECK_CANNOT_RUN[code]}; tasks: {', '.join(names)})"
-                ),
-                setting=(
-                    "fix the task's check: run it by hand in a copy of the task's files/ "
-                    "(a program missing from PATH, or a script not reached as ${task_dir}/check/...)"
-                ),
-                share=_share(sum(broken.values()), total),
-                threshold=0.0,
-            )
-        )
-    stats = RunStats.of(runs)
-    if stats.no_calls and _share(stats.no_calls, total) >= NO_CALLS_SHARE:
-        found.append(
-            Diagnosis(
-                code="agent_no_calls",
-                finding=f"{stats.no_calls} of {total} runs made no call to the model",
-                setting=(
-                    "make the agent reach the gateway: it must read the run's OPENAI_BASE_URL / "
-                    "ANTHROPIC_BASE_URL (or a config file written from ${openai_base_url}) and "
-                    "ask for ${model}; read a run's logs (trajectory.logs)"
-                ),
-                share=_share(stats.no_calls, total),
-                threshold=NO_CALLS_SHARE,
-            )
-        )
-    if stats.nonzero_exits and _share(stats.nonzero_exits, total) >= AGENT_ERROR_SHARE:
-        failing = [
-            t for t in runs if not t.metrics.get("timed_out") and _metric(t, "exit_code", 0) != 0
-        ]
-        codes = Counter(int(_metric(t, "exit_code", 0)) for t in failing)
-        example = next((line for t in failing if (line := _stderr_line(t))), None)
-        found.append(
-            Diagnosis(
-                code="agent_errors",
-                finding=(
-                    f"{stats.nonzero_exits} of {total} runs exited with an error ("
-                    + ", ".join(f"exit {code} x{n}" for code, n in codes.most_common())
-                    + ")"
-                    + (f", e.g. {example!r}" if example else "")
-                ),
-                setting=(
-                    "read a run's logs (trajectory.logs): a missing binary, a refused request, "
-                    "or a context too small for the agent's prompt "
-                    f"(first call: {stats.first_prompt_tokens:.0f} prompt tokens)"
-                ),
-                share=_share(stats.nonzero_exits, total),
-                threshold=AGENT_ERROR_SHARE,
-            )
-        )
-    if stats.timeouts and _share(stats.timeouts, total) >= TIMEOUT_SHARE:
-        found.append(
-            Diagnosis(
-                code="agent_timeouts",
-                finding=(
-                    f"{stats.timeouts} of {total} runs were killed at the time limit "
-                    f"(mean run {stats.agent_s:.0f} s)"
-                ),
-                setting=(
-                    "raise Limits(timeout_s=...), cap the agent's answers, or give smaller tasks"
-                ),
-                share=_share(stats.timeouts, total),
-                threshold=TIMEOUT_SHARE,
-            )
-        )
-    return found
+    if not broken:
+        return None
+    code, _ = broken.most_common(1)[0]
+    names = sorted({str(t.metadata.get("task", "?")) for t in runs})
+    return Diagnosis(
+        code="check_cannot_run",
+        finding=(
+            f"the check could not run in {sum(broken.values())} of {total} runs "
+            f"(exit {code}: {CHECK_CANNOT_RUN[code]}; tasks: {', '.join(names)})"
+        ),
+        setting=(
+            "fix the task's check: run it by hand in a copy of the task's files/ "
+            "(a program missing from PATH, or a script not reached as ${task_dir}/check/...)"
+        ),
+        share=_share(sum(broken.values()), total),
+        threshold=0.0,
+    )
+
+
+def _no_calls(stats: RunStats, total: int) -> Diagnosis | None:
+    """``agent_no_calls``: runs that never reached the model."""
+    if not (stats.no_calls and _share(stats.no_calls, total) >= NO_CALLS_SHARE):
+        return None
+    return Diagnosis(
+        code="agent_no_calls",
+        finding=f"{stats.no_calls} of {total} runs made no call to the model",
+        setting=(
+            "make the agent reach the gateway: it must read the run's OPENAI_BASE_URL / "
+            "ANTHROPIC_BASE_URL (or a config file written from ${openai_base_url}) and "
+            "ask for ${model}; read a run's logs (trajectory.logs)"
+        ),
+        share=_share(stats.no_calls, total),
+        threshold=NO_CALLS_SHARE,
+    )
+
+
+def _agent_errors(runs: list[art.Trajectory], stats: RunStats) -> Diagnosis | None:
+    """``agent_errors``: runs whose agent exited with an error (not the time limit)."""
+    total = len(runs)
+    if not (stats.nonzero_exits and _share(stats.nonzero_exits, total) >= AGENT_ERROR_SHARE):
+        return None
+    failing = [
+        t for t in runs if not t.metrics.get("timed_out") and _metric(t, "exit_code", 0) != 0
+    ]
+    codes = Counter(int(_metric(t, "exit_code", 0)) for t in failing)
+    example = next((line for t in failing if (line := _stderr_line(t))), None)
+    return Diagnosis(
+        code="agent_errors",
+        finding=(
+            f"{stats.nonzero_exits} of {total} runs exited with an error ("
+            + ", ".join(f"exit {code} x{n}" for code, n in codes.most_common())
+            + ")"
+            + (f", e.g. {example!r}" if example else "")
+        ),
+        setting=(
+            "read a run's logs (trajectory.logs): a missing binary, a refused request, "
+            "or a context too small for the agent's prompt "
+            f"(first call: {stats.first_prompt_tokens:.0f} prompt tokens)"
+        ),
+        share=_share(stats.nonzero_exits, total),
+        threshold=AGENT_ERROR_SHARE,
+    )
+
+
+def _timeouts(stats: RunStats, total: int) -> Diagnosis | None:
+    """``agent_timeouts``: runs killed at the time limit."""
+    if not (stats.timeouts and _share(stats.timeouts, total) >= TIMEOUT_SHARE):
+        return None
+    return Diagnosis(
+        code="agent_timeouts",
+        finding=(
+            f"{stats.timeouts} of {total} runs were killed at the time limit "
+            f"(mean run {stats.agent_s:.0f} s)"
+        ),
+        setting="raise Limits(timeout_s=...), cap the agent's answers, or give smaller tasks",
+        share=_share(stats.timeouts, total),
+        threshold=TIMEOUT_SHARE,
+    )
 
 
 def _spread(group: art.TrajectoryGroup) -> float:

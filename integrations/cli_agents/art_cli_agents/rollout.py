@@ -186,18 +186,7 @@ async def rollout(
     seen_root = RUN_ROOT if isolates_filesystem(filesystem) else None
     scratch = Path(tempfile.mkdtemp(prefix="art-cli-"))
     try:
-        work, home, tmp = scratch / "work", scratch / "home", scratch / "tmp"
-        # Where the run sees them, and where they are.
-        seen = {folder: (seen_root or scratch) / folder.name for folder in (work, home, tmp)}
-        seen_at = seen if seen_root is not None else None
-        seen_work, seen_home, seen_tmp = seen[work], seen[home], seen[tmp]
-        if task.folder is not None:
-            # Links are copied as links (a link out of the task folder is not followed).
-            shutil.copytree(task.folder, work, symlinks=True)
-        else:
-            work.mkdir()
-        home.mkdir()
-        tmp.mkdir()
+        folders = _RunFolders.make(scratch, task, seen_root)
         async with art.capture(
             model,
             metadata={"agent": agent.name, **task.metadata, **(metadata or {})},
@@ -210,19 +199,19 @@ async def rollout(
                 "openai_base_url": rollout_env["OPENAI_BASE_URL"],
                 "anthropic_base_url": rollout_env["ANTHROPIC_BASE_URL"],
                 "api_key": rollout_env["OPENAI_API_KEY"],
-                "home": str(seen_home),
-                "workdir": str(seen_work),
+                "home": str(folders.seen_home),
+                "workdir": str(folders.seen_work),
             }
             # Written here at their real paths; what they say is what the run sees.
-            _write_files(home, agent.config_files(values))
+            _write_files(folders.home, agent.config_files(values))
             env = {
-                **_base_environment(seen_home, seen_tmp),
+                **_base_environment(folders.seen_home, folders.seen_tmp),
                 **rollout_env,
                 **agent.environment(values),
             }
             result = await run_sandboxed(
                 agent.command(values),
-                cwd=work,
+                cwd=folders.work,
                 env=env,
                 limits=limits,
                 timeout_s=limits.timeout_s,
@@ -230,56 +219,125 @@ async def rollout(
                 gateway=_gateway_address(run.base_url),
                 scratch=scratch,
                 filesystem=filesystem,
-                writable=[work, home, tmp],
-                seen_at=seen_at,
+                writable=folders.writable,
+                seen_at=folders.seen_at,
             )
-        check_argv = task.check_argv()
-        check = None
-        if check_argv is not None:
-            check = await run_sandboxed(
-                check_argv,
-                cwd=work,
-                env=_base_environment(seen_home, seen_tmp),
-                limits=limits,
-                timeout_s=limits.check_timeout_s,
-                network=network,
-                gateway=None,
-                scratch=scratch,
-                filesystem=filesystem,
-                writable=[work, home, tmp],
-                seen_at=seen_at,
-                readable=[Path(path) for path in task.check_reads],
-            )
-        logs = [
-            f"$ {shlex.join(agent.command({**values, 'prompt': '<prompt>'}))}",
-            f"exit: {result.exit_code} ({'timed out' if result.timed_out else 'ended'}) after "
-            f"{result.seconds:.1f} s; network {result.network}; filesystem {result.filesystem} "
-            f"(cwd {seen_work}, HOME {seen_home}); {result.processes_killed} processes left, "
-            "killed",
-            f"stdout (end):\n{_tail(result.stdout)}",
-            f"stderr (end):\n{_tail(result.stderr)}",
-        ]
-        if check is not None:
-            logs.append(f"check exit: {check.exit_code}; output (end):\n{_tail(check.stdout)}")
+        check = await _run_check(task, folders, limits, network=network, filesystem=filesystem)
+        command = shlex.join(agent.command({**values, "prompt": "<prompt>"}))
         return run.trajectory(
             reward=reward_of(check),
-            metrics={
-                "exit_code": -1 if result.exit_code is None else result.exit_code,
-                "timed_out": result.timed_out,
-                "agent_seconds": result.seconds,
-                "output_bytes": result.output_bytes,
-                "check_exit_code": -1
-                if check is None or check.exit_code is None
-                else check.exit_code,
-                "network_isolated": result.network == "isolated",
-                "filesystem_isolated": result.filesystem == "isolated",
-                "processes_killed": result.processes_killed,
-                "process_limit": result.process_limit or 0,
-            },
-            logs=logs,
+            metrics=_run_metrics(result, check),
+            logs=_run_logs(command, result, check, folders),
         )
     finally:
         await asyncio.to_thread(shutil.rmtree, scratch, True)
+
+
+@dataclass(frozen=True)
+class _RunFolders:
+    """A run's working folder, ``HOME`` and ``TMPDIR`` under its scratch folder, and where
+    the run sees them (``seen_at``: None when at their own paths)."""
+
+    scratch: Path
+    work: Path
+    home: Path
+    tmp: Path
+    seen_work: Path
+    seen_home: Path
+    seen_tmp: Path
+    seen_at: dict[Path, Path] | None
+
+    @classmethod
+    def make(cls, scratch: Path, task: Task, seen_root: Path | None) -> _RunFolders:
+        """Create them: the working folder a copy of the task's folder (else empty)."""
+        work, home, tmp = scratch / "work", scratch / "home", scratch / "tmp"
+        # Where the run sees them, and where they are.
+        seen = {folder: (seen_root or scratch) / folder.name for folder in (work, home, tmp)}
+        if task.folder is not None:
+            # Links are copied as links (a link out of the task folder is not followed).
+            shutil.copytree(task.folder, work, symlinks=True)
+        else:
+            work.mkdir()
+        home.mkdir()
+        tmp.mkdir()
+        return cls(
+            scratch,
+            work,
+            home,
+            tmp,
+            seen[work],
+            seen[home],
+            seen[tmp],
+            seen if seen_root is not None else None,
+        )
+
+    @property
+    def writable(self) -> list[Path]:
+        return [self.work, self.home, self.tmp]
+
+
+async def _run_check(
+    task: Task,
+    folders: _RunFolders,
+    limits: Limits,
+    *,
+    network: Network,
+    filesystem: Filesystem,
+) -> ProcessResult | None:
+    """Run the task's check in the run's folders (None when the task has none)."""
+    check_argv = task.check_argv()
+    if check_argv is None:
+        return None
+    return await run_sandboxed(
+        check_argv,
+        cwd=folders.work,
+        env=_base_environment(folders.seen_home, folders.seen_tmp),
+        limits=limits,
+        timeout_s=limits.check_timeout_s,
+        network=network,
+        gateway=None,
+        scratch=folders.scratch,
+        filesystem=filesystem,
+        writable=folders.writable,
+        seen_at=folders.seen_at,
+        readable=[Path(path) for path in task.check_reads],
+    )
+
+
+def _run_logs(
+    command: str, result: ProcessResult, check: ProcessResult | None, folders: _RunFolders
+) -> list[str]:
+    """The run's log lines: the command (prompt elided), how it ended, the ends of its
+    output and of the check's."""
+    logs = [
+        f"$ {command}",
+        f"exit: {result.exit_code} ({'timed out' if result.timed_out else 'ended'}) after "
+        f"{result.seconds:.1f} s; network {result.network}; filesystem {result.filesystem} "
+        f"(cwd {folders.seen_work}, HOME {folders.seen_home}); {result.processes_killed} "
+        "processes left, killed",
+        f"stdout (end):\n{_tail(result.stdout)}",
+        f"stderr (end):\n{_tail(result.stderr)}",
+    ]
+    if check is not None:
+        logs.append(f"check exit: {check.exit_code}; output (end):\n{_tail(check.stdout)}")
+    return logs
+
+
+def _run_metrics(
+    result: ProcessResult, check: ProcessResult | None
+) -> dict[str, float | int | bool]:
+    """The run's metrics (see ``rollout``)."""
+    return {
+        "exit_code": -1 if result.exit_code is None else result.exit_code,
+        "timed_out": result.timed_out,
+        "agent_seconds": result.seconds,
+        "output_bytes": result.output_bytes,
+        "check_exit_code": -1 if check is None or check.exit_code is None else check.exit_code,
+        "network_isolated": result.network == "isolated",
+        "filesystem_isolated": result.filesystem == "isolated",
+        "processes_killed": result.processes_killed,
+        "process_limit": result.process_limit or 0,
+    }
 
 
 async def rollout_group(

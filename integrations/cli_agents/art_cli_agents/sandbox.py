@@ -360,6 +360,64 @@ async def run_sandboxed(
     Example:
         >>> result = await run_sandboxed(["ls"], cwd=Path("."), env={}, limits=Limits(), timeout_s=5)  # doctest: +SKIP
     """
+    prefix, net_isolated, fs_isolated = _isolation(
+        argv, network=network, filesystem=filesystem, gateway=gateway, seen_at=seen_at
+    )
+    folders = _writable_folders(writable or [scratch or cwd], cwd) if fs_isolated else []
+    isolated = net_isolated or fs_isolated
+    launch = await _launch(
+        argv,
+        prefix if isolated else None,
+        net_isolated=net_isolated,
+        gateway=gateway,
+        socket_folder=scratch or cwd.parent,
+        folders=folders,
+        seen_at=_moved_folders(seen_at or {}, folders),
+        readable=[str(path) for path in readable] if fs_isolated else [],
+        max_processes=limits.max_processes,
+    )
+    started = time.perf_counter()
+    stdout, stderr = _Tail(limits.max_output_bytes), _Tail(limits.max_output_bytes)
+    process = await _start(launch, cwd, _command_environment(env, launched=isolated))
+    readers = asyncio.gather(stdout.drain(process.stdout), stderr.drain(process.stderr))
+    try:
+        timed_out = await _timed_out(process, timeout_s)
+    finally:
+        killed_in_group = await _end_process(process, isolated=isolated, readers=readers)
+        if launch.server is not None:
+            launch.server.close()
+        report: dict[str, Any] = {}
+        if isolated:
+            report = _read_report(launch.report_read)
+            os.close(launch.report_read)
+    if "error" in report:
+        raise RuntimeError(f"the sandbox could not confine {argv[0]!r}: {report['error']}")
+    limit = report.get("process_limit")
+    return ProcessResult(
+        exit_code=None if timed_out else _exit_code(process.returncode, report),
+        timed_out=timed_out,
+        seconds=time.perf_counter() - started,
+        stdout=stdout.text(),
+        stderr=stderr.text(),
+        output_bytes=stdout.total + stderr.total,
+        network="isolated" if net_isolated else "open",
+        filesystem="isolated" if fs_isolated else "open",
+        processes_killed=int(report.get("alive", 0)) if isolated else killed_in_group,
+        process_limit=None if limit is None else int(limit),
+    )
+
+
+def _isolation(
+    argv: Sequence[str],
+    *,
+    network: Network,
+    filesystem: Filesystem,
+    gateway: tuple[str, int] | None,
+    seen_at: Mapping[Path, Path] | None,
+) -> tuple[tuple[str, ...] | None, bool, bool]:
+    """The ``unshare`` prefix (None where namespaces are not possible or not wanted) and
+    whether the network and the filesystem are isolated; RuntimeError where an isolation
+    asked for (or ``seen_at``, which needs the filesystem's) is not possible."""
     wants_namespaces = network != "open" or filesystem != "open"
     prefix = isolation_prefix() if wants_namespaces else None
     loopback = gateway is None or gateway[0] in ("127.0.0.1", "localhost")
@@ -383,116 +441,135 @@ async def run_sandboxed(
         logger.info("running %s with the network open (no isolation possible here)", argv[0])
     if filesystem == "auto" and not fs_isolated:
         logger.info("running %s with the filesystem open (no isolation possible here)", argv[0])
-    folders = _writable_folders(writable or [scratch or cwd], cwd) if fs_isolated else []
-    moved = _moved_folders(seen_at or {}, folders)
-    command = list(argv)
+    return prefix, net_isolated, fs_isolated
+
+
+@dataclass
+class _Launch:
+    """The command line to start, and for a confined run the gateway relay's server and the
+    pipe the launcher reports on."""
+
+    command: list[str]
     server: asyncio.AbstractServer | None = None
-    report_read, report_write = -1, -1
-    isolated = net_isolated or fs_isolated
-    if isolated:
-        assert prefix is not None
-        unshare = [arg for arg in prefix if net_isolated or arg != "--net"]
-        relay: tuple[str, str, int] | None = None
-        if net_isolated and gateway is not None:
-            socket_path = (scratch or cwd.parent) / "gateway.sock"
-            server = await _forward_to("127.0.0.1", gateway[1], socket_path)
-            relay = (str(socket_path), "127.0.0.1", gateway[1])
-        report_read, report_write = os.pipe()
-        os.set_blocking(report_read, False)
-        launcher = _launcher(
-            folders,
-            seen_at=moved,
-            readable=[str(path) for path in readable] if fs_isolated else [],
-            gateway=relay,
-            max_processes=limits.max_processes,
-            report_fd=report_write,
-        )
-        command = [*unshare, *launcher, *command]
-    started = time.perf_counter()
-    stdout, stderr = _Tail(limits.max_output_bytes), _Tail(limits.max_output_bytes)
+    report_read: int = -1
+    report_write: int = -1
+
+
+async def _launch(
+    argv: Sequence[str],
+    prefix: tuple[str, ...] | None,
+    *,
+    net_isolated: bool,
+    gateway: tuple[str, int] | None,
+    socket_folder: Path,
+    folders: list[str],
+    seen_at: dict[str, str],
+    readable: list[str],
+    max_processes: int | None,
+) -> _Launch:
+    """``argv`` as it is (no ``prefix``: nothing isolated), or behind ``unshare`` and the
+    launcher; with an isolated network, the gateway relayed through a Unix socket in
+    ``socket_folder``."""
+    if prefix is None:
+        return _Launch(list(argv))
+    unshare = [arg for arg in prefix if net_isolated or arg != "--net"]
+    relay: tuple[str, str, int] | None = None
+    server = None
+    if net_isolated and gateway is not None:
+        socket_path = socket_folder / "gateway.sock"
+        server = await _forward_to("127.0.0.1", gateway[1], socket_path)
+        relay = (str(socket_path), "127.0.0.1", gateway[1])
+    report_read, report_write = os.pipe()
+    os.set_blocking(report_read, False)
+    launcher = _launcher(
+        folders,
+        seen_at=seen_at,
+        readable=readable,
+        gateway=relay,
+        max_processes=max_processes,
+        report_fd=report_write,
+    )
+    return _Launch([*unshare, *launcher, *argv], server, report_read, report_write)
+
+
+async def _start(launch: _Launch, cwd: Path, env: dict[str, str]) -> asyncio.subprocess.Process:
+    """Start the launch's command in its own process group (the launcher, when confined,
+    with the report pipe's write end, which is closed here once it has its copy)."""
+    confined = launch.report_write >= 0
     try:
-        process = await asyncio.create_subprocess_exec(
-            *command,
+        return await asyncio.create_subprocess_exec(
+            *launch.command,
             cwd=str(cwd),
-            env=_command_environment(env, launched=isolated),
+            env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group: killed as one
-            pass_fds=(report_write,) if isolated else (),
+            pass_fds=(launch.report_write,) if confined else (),
         )
     except BaseException:
-        if server is not None:
-            server.close()
-        if isolated:
-            os.close(report_read)
+        if launch.server is not None:
+            launch.server.close()
+        if confined:
+            os.close(launch.report_read)
         raise
     finally:
-        if isolated:
-            os.close(report_write)  # the launcher's copy is the only writer
-    readers = asyncio.gather(stdout.drain(process.stdout), stderr.drain(process.stderr))
-    timed_out = False
-    killed_in_group = 0
+        if confined:
+            os.close(launch.report_write)  # the launcher's copy is the only writer
+
+
+async def _timed_out(process: asyncio.subprocess.Process, timeout_s: float) -> bool:
+    """Wait for the process to exit; True when ``timeout_s`` passed first."""
     try:
+        await asyncio.wait_for(_exit_of(process), timeout_s)
+    except TimeoutError:
+        return True
+    return False
+
+
+async def _end_process(
+    process: asyncio.subprocess.Process, *, isolated: bool, readers: asyncio.Future[Any]
+) -> int:
+    """Kill what the run started and stop reading its output; returns the processes of its
+    group still alive before the kill (0 when isolated: the launcher counts those)."""
+    # Whatever ended the wait (exit, timeout, the rollout cancelled): nothing it started
+    # outlives it. Isolated, the launcher counts and passes the SIGTERM on to the whole
+    # namespace; else what is left of the group is counted here.
+    killed_in_group = 0
+    pidfd = -1
+    for launcher_pid in _children(process.pid) if isolated else []:
+        with contextlib.suppress(OSError):
+            pidfd = os.pidfd_open(launcher_pid)
+    if not isolated:
+        killed_in_group = _alive_in_group(process.pid)
+    _kill_group(process.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(_exit_of(process), KILL_GRACE_S)
+    except TimeoutError:
+        _kill_group(process.pid, signal.SIGKILL)
+        await _exit_of(process)
+    _kill_group(process.pid, signal.SIGKILL)  # stragglers of the group
+    if pidfd >= 0:
+        # Killed with unshare, the namespace's first process dies a moment later, and
+        # the kernel kills the rest before it has exited: wait for that.
         try:
-            await asyncio.wait_for(_exit_of(process), timeout_s)
+            await asyncio.wait_for(_exited(pidfd), KILL_GRACE_S)
         except TimeoutError:
-            timed_out = True
-    finally:
-        # Whatever ended the wait (exit, timeout, the rollout cancelled): nothing it started
-        # outlives it. Isolated, the launcher counts and passes the SIGTERM on to the whole
-        # namespace; else what is left of the group is counted here.
-        pidfd = -1
-        for launcher_pid in _children(process.pid) if isolated else []:
-            with contextlib.suppress(OSError):
-                pidfd = os.pidfd_open(launcher_pid)
-        if not isolated:
-            killed_in_group = _alive_in_group(process.pid)
-        _kill_group(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(_exit_of(process), KILL_GRACE_S)
-        except TimeoutError:
-            _kill_group(process.pid, signal.SIGKILL)
-            await _exit_of(process)
-        _kill_group(process.pid, signal.SIGKILL)  # stragglers of the group
-        if pidfd >= 0:
-            # Killed with unshare, the namespace's first process dies a moment later, and
-            # the kernel kills the rest before it has exited: wait for that.
-            try:
-                await asyncio.wait_for(_exited(pidfd), KILL_GRACE_S)
-            except TimeoutError:
-                logger.warning(
-                    "a sandboxed run's namespace outlived its kill by %.0f s", KILL_GRACE_S
-                )
-            os.close(pidfd)
-        try:
-            await asyncio.wait_for(readers, KILL_GRACE_S)
-        except TimeoutError:
-            # A process outside the group still holds the pipes: stop reading them.
-            readers.cancel()
-        if server is not None:
-            server.close()
-        report: dict[str, Any] = {}
-        if isolated:
-            report = _read_report(report_read)
-            os.close(report_read)
-    if "error" in report:
-        raise RuntimeError(f"the sandbox could not confine {argv[0]!r}: {report['error']}")
-    exit_code = process.returncode
+            logger.warning("a sandboxed run's namespace outlived its kill by %.0f s", KILL_GRACE_S)
+        os.close(pidfd)
+    try:
+        await asyncio.wait_for(readers, KILL_GRACE_S)
+    except TimeoutError:
+        # A process outside the group still holds the pipes: stop reading them.
+        readers.cancel()
+    return killed_in_group
+
+
+def _exit_code(returncode: int | None, report: dict[str, Any]) -> int | None:
+    """The command's exit code: the launcher's report of it when confined (a signal as
+    its negative number), else the process's own."""
     if "signal" in report:
-        exit_code = -int(report["signal"])
-    elif "exit" in report:
-        exit_code = int(report["exit"])
-    limit = report.get("process_limit")
-    return ProcessResult(
-        exit_code=None if timed_out else exit_code,
-        timed_out=timed_out,
-        seconds=time.perf_counter() - started,
-        stdout=stdout.text(),
-        stderr=stderr.text(),
-        output_bytes=stdout.total + stderr.total,
-        network="isolated" if net_isolated else "open",
-        filesystem="isolated" if fs_isolated else "open",
-        processes_killed=int(report.get("alive", 0)) if isolated else killed_in_group,
-        process_limit=None if limit is None else int(limit),
-    )
+        return -int(report["signal"])
+    if "exit" in report:
+        return int(report["exit"])
+    return returncode

@@ -15,11 +15,12 @@ diagnoses the backend returns (``art_core.diagnoses``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from statistics import mean, pstdev
-from typing import Any, TextIO
+from typing import Any, TextIO, TypedDict, Unpack
 
 from tqdm.auto import tqdm
 
@@ -261,183 +262,304 @@ async def validate(
     )
 
 
+@dataclass(frozen=True)
+class CLITrainSettings:
+    """How ``train`` runs: every keyword of ``train`` but the model, agent and tasks.
+
+    Pass one as ``train(model, agent, tasks, options)``, or the same names as keywords
+    (``train(..., steps=20)``), or both: keywords then override the options' fields. Build
+    variants with ``dataclasses.replace``. Unknown names raise ``TypeError``.
+
+    Parameters:
+        val_tasks (``Sequence[Task] | None``, default ``None``): the validation tasks;
+            ``None``: the first 8 training tasks.
+        steps (``int``, default ``10``): the step to stop at; training resumes from the
+            model's checkpoint step, and a step that trains nothing still counts.
+        groups_per_step (``int``, default ``4``): tasks (groups) per step.
+        rollouts_per_group (``int``, default ``4``): runs of each task in a group (>= 2:
+            GRPO learns from the differences between them).
+        val_rollouts_per_task (``int``, default ``2``): runs of each validation task, before
+            the first step and after the last.
+        config (``art.TrainConfig | None``, default ``None``): the GRPO config; ``None``:
+            ``TrainConfig(learning_rate=1e-4)``.
+        limits (``Limits | None``, default ``None``): every run's limits
+            (``art_cli_agents.rollout``).
+        network (``Network``, default ``"auto"``): every run's network access.
+        seed (``int``, default ``0``): the seed of the task schedule.
+        errlog (``TextIO | None``, default ``None``): a line per run whose agent failed or
+            timed out, and per rollout that raised.
+        time_budget_s (``float | None``, default ``None``): no step starts once this much
+            time has passed since the first validation ended.
+        on_step (``Callable[[StepRecord], None] | None``, default ``None``): called with each
+            step's record.
+        max_exceptions (``int | float``, default ``0.25``): rollouts of a step that may raise
+            (a count, or a fraction when < 1) before the step raises ``TooManyExceptions``;
+            an agent that exits with an error is a run (scored by its check), not one of them.
+        max_concurrent_groups (``int | None``, default ``None``): groups whose runs go at
+            once (``None``: all of a step).
+        filesystem (``Filesystem``, default ``"auto"``): every run's filesystem.
+        sampling (``art.RolloutSampling | None``, default ``None``): every run's sampling,
+            with a seed of its own for each run when it has one (validation passes repeat
+            theirs: see ``validate``).
+
+    Example:
+        >>> CLITrainSettings(steps=3).rollouts_per_group
+        4
+    """
+
+    val_tasks: Sequence[Task] | None = None
+    steps: int = 10
+    groups_per_step: int = 4
+    rollouts_per_group: int = 4
+    val_rollouts_per_task: int = 2
+    config: art.TrainConfig | None = None
+    limits: Limits | None = None
+    network: Network = "auto"
+    seed: int = 0
+    errlog: TextIO | None = None
+    time_budget_s: float | None = None
+    on_step: Callable[[StepRecord], None] | None = None
+    max_exceptions: int | float = 0.25
+    max_concurrent_groups: int | None = None
+    filesystem: Filesystem = "auto"
+    sampling: art.RolloutSampling | None = None
+
+    def check(self) -> None:
+        """Raise ``ValueError`` for settings ``train`` cannot run with."""
+        if self.steps < 1 or self.groups_per_step < 1 or self.val_rollouts_per_task < 1:
+            raise ValueError("steps, groups_per_step and val_rollouts_per_task must be >= 1")
+        if self.rollouts_per_group < 2:
+            raise ValueError(
+                "rollouts_per_group must be >= 2: GRPO learns from the differences between the "
+                "runs of one task"
+            )
+        if self.time_budget_s is not None and self.time_budget_s < 0:
+            raise ValueError(f"time_budget_s must be >= 0, got {self.time_budget_s}")
+
+
+class CLITrainKwargs(TypedDict, total=False):
+    """``train``'s keywords, typed: the fields of ``CLITrainSettings`` (documented there)."""
+
+    val_tasks: Sequence[Task] | None
+    steps: int
+    groups_per_step: int
+    rollouts_per_group: int
+    val_rollouts_per_task: int
+    config: art.TrainConfig | None
+    limits: Limits | None
+    network: Network
+    seed: int
+    errlog: TextIO | None
+    time_budget_s: float | None
+    on_step: Callable[[StepRecord], None] | None
+    max_exceptions: int | float
+    max_concurrent_groups: int | None
+    filesystem: Filesystem
+    sampling: art.RolloutSampling | None
+
+
+def train_settings(
+    options: CLITrainSettings | None = None, **kwargs: Unpack[CLITrainKwargs]
+) -> CLITrainSettings:
+    """``options`` (default: ``CLITrainSettings()``) with ``kwargs`` overriding its fields;
+    a name that is no field raises ``TypeError`` naming it.
+
+    Example:
+        >>> train_settings(steps=3).steps
+        3
+    """
+    unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(CLITrainSettings)})
+    if unknown:
+        raise TypeError(f"train() got unexpected keyword arguments: {', '.join(unknown)}")
+    return dataclasses.replace(options or CLITrainSettings(), **kwargs)
+
+
 async def train(
     model: art.TrainableModel,
     agent: CLIAgent,
     tasks: Sequence[Task],
-    *,
-    val_tasks: Sequence[Task] | None = None,
-    steps: int = 10,
-    groups_per_step: int = 4,
-    rollouts_per_group: int = 4,
-    val_rollouts_per_task: int = 2,
-    config: art.TrainConfig | None = None,
-    limits: Limits | None = None,
-    network: Network = "auto",
-    seed: int = 0,
-    errlog: TextIO | None = None,
-    time_budget_s: float | None = None,
-    on_step: Callable[[StepRecord], None] | None = None,
-    max_exceptions: int | float = 0.25,
-    max_concurrent_groups: int | None = None,
-    filesystem: Filesystem = "auto",
-    sampling: art.RolloutSampling | None = None,
+    options: CLITrainSettings | None = None,
+    **kwargs: Unpack[CLITrainKwargs],
 ) -> TrainReport:
     """Train ``model`` (registered) so that ``agent`` solves ``tasks`` (see the module).
 
-    ``val_tasks`` default to the first 8 training tasks, each run ``val_rollouts_per_task``
-    times before the first step and after the last. ``config`` is an ``art.TrainConfig``
-    (default: ``learning_rate=1e-4``). ``limits`` and ``network`` go to every run
-    (``art_cli_agents.rollout``). Up to ``max_exceptions`` rollouts of a step (a count, or a
-    fraction when < 1) may raise before the step raises ``TooManyExceptions``; an agent that
-    exits with an error is not an exception, it is a run (scored by its check).
-    ``max_concurrent_groups`` bounds the groups whose runs go at once (None: all of a step).
-    ``errlog``: a line per run whose agent failed or timed out, and per rollout that raised.
-    ``time_budget_s``: no step starts once that much time has passed since the first
-    validation ended. ``on_step`` is called with each step's record. ``filesystem`` goes to
-    every run; ``sampling`` (``art.RolloutSampling``) too, with a seed of its own for each
-    run when it has one (validation passes repeat theirs: see ``validate``).
-
-    ``steps`` is the step to stop at: training resumes from the model's checkpoint step. A
-    step that trains nothing (every group scored alike) leaves the checkpoint step where it
-    was but still counts, so a reward nobody earns cannot keep the loop going.
+    ``options`` (a ``CLITrainSettings``) and the keywords (its fields, which override it)
+    say how; every option is documented there. Validation runs before the first step and
+    after the last. ``steps`` is the step to stop at: training resumes from the model's
+    checkpoint step. A step that trains nothing (every group scored alike) leaves the
+    checkpoint step where it was but still counts, so a reward nobody earns cannot keep the
+    loop going.
 
     Example:
         >>> report = await cli.train(model, cli.codex("codex"), cli.load_tasks("tasks"),
         ...                          steps=10)  # doctest: +SKIP
         >>> print(report.table())  # doctest: +SKIP
     """
-    if steps < 1 or groups_per_step < 1 or val_rollouts_per_task < 1:
-        raise ValueError("steps, groups_per_step and val_rollouts_per_task must be >= 1")
-    if rollouts_per_group < 2:
-        raise ValueError(
-            "rollouts_per_group must be >= 2: GRPO learns from the differences between the "
-            "runs of one task"
-        )
-    if time_budget_s is not None and time_budget_s < 0:
-        raise ValueError(f"time_budget_s must be >= 0, got {time_budget_s}")
+    chosen = train_settings(options, **kwargs)
+    chosen.check()
     tasks = list(tasks)
     if not tasks:
         raise ValueError("no tasks to train on")
-    val = list(val_tasks) if val_tasks is not None else tasks[:DEFAULT_VAL_TASKS]
+    val = list(chosen.val_tasks) if chosen.val_tasks is not None else tasks[:DEFAULT_VAL_TASKS]
     if not val:
         raise ValueError("no validation tasks")
-    config = config or art.TrainConfig(learning_rate=1e-4)
-    started = time.perf_counter()
+    return await _Training(model, agent, tasks, val, chosen).run()
 
-    async def run_val(desc: str) -> ValSummary:
-        step = await model.get_step()
-        groups = await validate(
-            model,
-            agent,
-            val,
-            rollouts_per_task=val_rollouts_per_task,
-            limits=limits,
-            network=network,
-            errlog=errlog,
-            max_concurrent_groups=max_concurrent_groups,
-            desc=desc,
-            filesystem=filesystem,
-            sampling=sampling,
+
+class _Training:
+    """One ``train`` call: validation before and after, and the steps."""
+
+    def __init__(
+        self,
+        model: art.TrainableModel,
+        agent: CLIAgent,
+        tasks: list[Task],
+        val: list[Task],
+        options: CLITrainSettings,
+    ) -> None:
+        self.model = model
+        self.agent = agent
+        self.tasks = tasks
+        self.val = val
+        self.o = options
+        self.config = options.config or art.TrainConfig(learning_rate=1e-4)
+
+    async def run(self) -> TrainReport:
+        started = time.perf_counter()
+        before = await self.validate("validate (before)")
+        training_started = time.perf_counter()
+        records = await self.steps(training_started)
+        training_s = time.perf_counter() - training_started
+        after = await self.validate("validate (after)")
+        return TrainReport(
+            steps=records,
+            before=before,
+            after=after,
+            wall_s=time.perf_counter() - started,
+            training_s=training_s,
         )
-        await model.log(groups, split="val")
+
+    async def validate(self, desc: str) -> ValSummary:
+        """A validation pass, logged: its summary."""
+        o = self.o
+        step = await self.model.get_step()
+        groups = await validate(
+            self.model,
+            self.agent,
+            self.val,
+            rollouts_per_task=o.val_rollouts_per_task,
+            limits=o.limits,
+            network=o.network,
+            errlog=o.errlog,
+            max_concurrent_groups=o.max_concurrent_groups,
+            desc=desc,
+            filesystem=o.filesystem,
+            sampling=o.sampling,
+        )
+        await self.model.log(groups, split="val")
         return ValSummary.of(step, groups)
 
-    before = await run_val("validate (before)")
-    training_started = time.perf_counter()
-    records: list[StepRecord] = []
-    first = await model.get_step()
-    step = first
-    bar = tqdm(
-        total=steps if time_budget_s is None else None,
-        initial=min(first, steps),
-        desc="cli train",
-        unit="step",
-    )
-    try:
-        # The schedule's position counts steps run, trained or not: a step that trained
-        # nothing leaves the checkpoint step, and must not pick the same tasks again.
-        for index in range(first, max(steps, first)):
-            if (
-                time_budget_s is not None
-                and time.perf_counter() - training_started >= time_budget_s
-            ):
-                tqdm.write(f"time budget of {time_budget_s / 60:.1f} min spent: no more steps")
-                break
-            chosen = tasks_for_step(tasks, index, groups_per_step, seed)
-            rollout_started = time.perf_counter()
-            groups = await _gather(
-                model,
-                agent,
-                chosen,
-                rollouts_per_group,
-                limits=limits,
-                network=network,
-                metadata={"split": "train", "step": step},
-                desc=f"step {step} rollouts",
-                max_exceptions=max_exceptions,
-                max_concurrent_groups=max_concurrent_groups,
-                errlog=errlog,
-                filesystem=filesystem,
-                sampling=sampling,
-                phase=index + 1,
-            )
-            rollout_s = time.perf_counter() - rollout_started
-            runs = [t for g in groups for t in g.trajectories]
-            agent_found = agent_diagnoses(groups)
-            train_started = time.perf_counter()
-            if runs:
-                result = await model.train(groups, config=config)
-                trained, trainer_reason = result.nothing_trained is None, result.nothing_trained
-                metrics, backend_found = dict(result.metrics), list(result.diagnoses)
-                new_step = result.step
-            else:  # every rollout raised, within the budget: nothing to hand the trainer
-                trained, trainer_reason, metrics, backend_found = False, None, {}, []
-                new_step = step
-            rewards = [t.reward for t in runs]
-            record = StepRecord(
-                step=step,
-                tasks=[task_name(task) for task in chosen],
-                reward=mean(rewards) if rewards else 0.0,
-                reward_std=pstdev(rewards) if rewards else 0.0,
-                rollouts=len(rewards),
-                failed=sum(len(g.exceptions) for g in groups),
-                groups=len(groups),
-                groups_with_signal=sum(
-                    1
-                    for g in groups
-                    if g.trajectories
-                    and max(t.reward for t in g.trajectories)
-                    - min(t.reward for t in g.trajectories)
-                    > EQUAL_WITHIN
-                ),
-                rollout_s=rollout_s,
-                train_s=time.perf_counter() - train_started,
-                trained=trained,
-                runs=RunStats.of(runs),
-                # The runs say why better than the trainer (which only sees equal rewards);
-                # its own reason covers the rest (e.g. runs whose calls it cannot match).
-                why_nothing_trained=None
-                if trained
-                else flat_reason(groups, agent_found) or trainer_reason,
-                metrics=metrics,
-                diagnoses=[*agent_found, *backend_found],
-            )
-            records.append(record)
-            bar.update(1)
-            bar.set_postfix(reward=f"{record.reward:.3f}")
-            tqdm.write(record.line())
-            if on_step is not None:
-                on_step(record)
-            step = new_step
-    finally:
-        bar.close()
-    training_s = time.perf_counter() - training_started
-    after = await run_val("validate (after)")
-    return TrainReport(
-        steps=records,
-        before=before,
-        after=after,
-        wall_s=time.perf_counter() - started,
-        training_s=training_s,
+    async def steps(self, training_started: float) -> list[StepRecord]:
+        """Run the steps from the model's step to ``steps`` (or the time budget)."""
+        o = self.o
+        records: list[StepRecord] = []
+        first = await self.model.get_step()
+        step = first
+        bar = tqdm(
+            total=o.steps if o.time_budget_s is None else None,
+            initial=min(first, o.steps),
+            desc="cli train",
+            unit="step",
+        )
+        try:
+            # The schedule's position counts steps run, trained or not: a step that trained
+            # nothing leaves the checkpoint step, and must not pick the same tasks again.
+            for index in range(first, max(o.steps, first)):
+                if (
+                    o.time_budget_s is not None
+                    and time.perf_counter() - training_started >= o.time_budget_s
+                ):
+                    tqdm.write(
+                        f"time budget of {o.time_budget_s / 60:.1f} min spent: no more steps"
+                    )
+                    break
+                record, new_step = await self.train_step(index, step)
+                records.append(record)
+                bar.update(1)
+                bar.set_postfix(reward=f"{record.reward:.3f}")
+                tqdm.write(record.line())
+                if o.on_step is not None:
+                    o.on_step(record)
+                step = new_step
+        finally:
+            bar.close()
+        return records
+
+    async def train_step(self, index: int, step: int) -> tuple[StepRecord, int]:
+        """Run the groups of the ``index``-th step (checkpoint step ``step``) and train on
+        them: its record and the checkpoint step after it."""
+        o = self.o
+        chosen = tasks_for_step(self.tasks, index, o.groups_per_step, o.seed)
+        rollout_started = time.perf_counter()
+        groups = await _gather(
+            self.model,
+            self.agent,
+            chosen,
+            o.rollouts_per_group,
+            limits=o.limits,
+            network=o.network,
+            metadata={"split": "train", "step": step},
+            desc=f"step {step} rollouts",
+            max_exceptions=o.max_exceptions,
+            max_concurrent_groups=o.max_concurrent_groups,
+            errlog=o.errlog,
+            filesystem=o.filesystem,
+            sampling=o.sampling,
+            phase=index + 1,
+        )
+        rollout_s = time.perf_counter() - rollout_started
+        runs = [t for g in groups for t in g.trajectories]
+        agent_found = agent_diagnoses(groups)
+        train_started = time.perf_counter()
+        if runs:
+            result = await self.model.train(groups, config=self.config)
+            trained, trainer_reason = result.nothing_trained is None, result.nothing_trained
+            metrics, backend_found = dict(result.metrics), list(result.diagnoses)
+            new_step = result.step
+        else:  # every rollout raised, within the budget: nothing to hand the trainer
+            trained, trainer_reason, metrics, backend_found = False, None, {}, []
+            new_step = step
+        rewards = [t.reward for t in runs]
+        record = StepRecord(
+            step=step,
+            tasks=[task_name(task) for task in chosen],
+            reward=mean(rewards) if rewards else 0.0,
+            reward_std=pstdev(rewards) if rewards else 0.0,
+            rollouts=len(rewards),
+            failed=sum(len(g.exceptions) for g in groups),
+            groups=len(groups),
+            groups_with_signal=_groups_with_signal(groups),
+            rollout_s=rollout_s,
+            train_s=time.perf_counter() - train_started,
+            trained=trained,
+            runs=RunStats.of(runs),
+            # The runs say why better than the trainer (which only sees equal rewards);
+            # its own reason covers the rest (e.g. runs whose calls it cannot match).
+            why_nothing_trained=None
+            if trained
+            else flat_reason(groups, agent_found) or trainer_reason,
+            metrics=metrics,
+            diagnoses=[*agent_found, *backend_found],
+        )
+        return record, new_step
+
+
+def _groups_with_signal(groups: Sequence[art.TrajectoryGroup]) -> int:
+    """The groups whose rewards differ by more than ``EQUAL_WITHIN``."""
+    return sum(
+        1
+        for g in groups
+        if g.trajectories
+        and max(t.reward for t in g.trajectories) - min(t.reward for t in g.trajectories)
+        > EQUAL_WITHIN
     )

@@ -22,12 +22,24 @@ from art_mcp.scenarios import Scenario, load_scenarios, save_scenarios
 from art_mcp.servers import HttpServer, ServerLike, StdioServer, parse_server
 from art_mcp.session import McpSession, ServerConnectionError, ToolOutput, connect
 from art_mcp.tools import ToolSet, complete_task_tool, input_schema_to_parameters
-from art_mcp.train import Judge, StepRecord, TrainReport, scenarios_for_step, train, validate
+from art_mcp.train import (
+    Judge,
+    MCPTrainKwargs,
+    MCPTrainSettings,
+    StepRecord,
+    TrainReport,
+    scenarios_for_step,
+    train,
+    train_settings,
+    validate,
+)
 from art_mcp.warm_start import WarmStart, WarmStartReport, warm_start
 
 __all__ = [
     "HttpServer",
     "Judge",
+    "MCPTrainKwargs",
+    "MCPTrainSettings",
     "McpSession",
     "RewardFn",
     "RolloutSettings",
@@ -60,6 +72,7 @@ __all__ = [
     "tool_calls",
     "tool_results",
     "train",
+    "train_settings",
     "validate",
     "warm_start",
 ]

@@ -18,10 +18,13 @@ import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from art_mcp.train import MCPTrainSettings, TrainReport
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add ``mcp`` and its subcommands to art-core's command line.
 
     Example:
@@ -344,9 +347,32 @@ async def train_from_args(
 ) -> Any:
     """Register the model, train it as the arguments say, print the report; return it."""
     import art_core as art
+    from art_mcp.train import train
+
+    options = _train_settings_from_args(args, scenarios, val)
+    started = time.perf_counter()
+    async with art.LocalBackend(path=args.path) as backend:
+        model = art.TrainableModel(name=args.name, project=args.project, base_model=args.base_model)
+        print(f"loading {args.base_model} ...", flush=True)
+        await model.register(backend)
+        print(
+            f"model {args.project}/{args.name} at step {await model.get_step()}; "
+            f"{len(scenarios)} training scenarios; server {server}",
+            flush=True,
+        )
+        report = await train(model, server, scenarios, options, **kw)
+    _print_report(report, time.perf_counter() - started)
+    return report
+
+
+def _train_settings_from_args(
+    args: argparse.Namespace, scenarios: list[Any], val: list[Any] | None
+) -> MCPTrainSettings:
+    """``train``'s settings (an ``MCPTrainSettings``) as the arguments say: the reward or
+    judge, the rollouts' settings, the GRPO config and the sparse-reward options."""
     from art_core.training.config import TrainConfig
     from art_mcp.rollout import RolloutSettings
-    from art_mcp.train import Judge, train
+    from art_mcp.train import Judge, MCPTrainSettings
 
     judge = (
         Judge(model=args.judge_model, base_url=args.judge_base_url, api_key=args.judge_api_key)
@@ -377,41 +403,30 @@ async def train_from_args(
     config = TrainConfig(
         learning_rate=args.learning_rate, lora_rank=args.lora_rank, lora_alpha=2 * args.lora_rank
     )
-    started = time.perf_counter()
-    async with art.LocalBackend(path=args.path) as backend:
-        model = art.TrainableModel(name=args.name, project=args.project, base_model=args.base_model)
-        print(f"loading {args.base_model} ...", flush=True)
-        await model.register(backend)
-        print(
-            f"model {args.project}/{args.name} at step {await model.get_step()}; "
-            f"{len(scenarios)} training scenarios; server {server}",
-            flush=True,
-        )
-        report = await train(
-            model,
-            server,
-            scenarios,
-            steps=args.steps,
-            groups_per_step=args.groups_per_step,
-            rollouts_per_group=args.rollouts_per_group,
-            reward_fn=reward_fn if judge is None else None,
-            judge=judge,
-            val_scenarios=val,
-            val_rollouts_per_scenario=args.val_rollouts,
-            settings=settings,
-            val_settings=getattr(args, "val_settings", None),
-            config=config,
-            seed=args.seed,
-            dynamic_sampling=getattr(args, "dynamic_sampling", False),
-            max_rollouts_per_step=getattr(args, "max_rollouts_per_step", None),
-            max_group_size=getattr(args, "max_group_size", None),
-            curriculum=getattr(args, "curriculum", False),
-            success_threshold=getattr(args, "success_threshold", 1.0),
-            warm_start=warm_start_from_args(args),
-            time_budget_s=None if getattr(args, "minutes", None) is None else args.minutes * 60,
-            **kw,
-        )
-    wall = time.perf_counter() - started
+    return MCPTrainSettings(
+        steps=args.steps,
+        groups_per_step=args.groups_per_step,
+        rollouts_per_group=args.rollouts_per_group,
+        reward_fn=reward_fn if judge is None else None,
+        judge=judge,
+        val_scenarios=val,
+        val_rollouts_per_scenario=args.val_rollouts,
+        settings=settings,
+        val_settings=getattr(args, "val_settings", None),
+        config=config,
+        seed=args.seed,
+        dynamic_sampling=getattr(args, "dynamic_sampling", False),
+        max_rollouts_per_step=getattr(args, "max_rollouts_per_step", None),
+        max_group_size=getattr(args, "max_group_size", None),
+        curriculum=getattr(args, "curriculum", False),
+        success_threshold=getattr(args, "success_threshold", 1.0),
+        warm_start=warm_start_from_args(args),
+        time_budget_s=None if getattr(args, "minutes", None) is None else args.minutes * 60,
+    )
+
+
+def _print_report(report: TrainReport, wall: float) -> None:
+    """Each step's line, then the before/after table, the warm start and the wall time."""
     print()
     print("step  reward  (runs)  signal  all-equal  spent  never solved  why")
     for record in report.steps:
@@ -426,4 +441,3 @@ async def train_from_args(
     if report.warm_start is not None:
         print(report.warm_start.line())
     print(f"\nwall time {wall / 60:.1f} min (training {report.training_s / 60:.1f} min)")
-    return report

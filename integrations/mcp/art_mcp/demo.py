@@ -48,7 +48,7 @@ def find_example(relative: Path) -> Path:
     )
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "demo",
         help="train smollm2-135m on CPU to use a shop's MCP tools (the main demo)",

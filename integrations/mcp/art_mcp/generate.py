@@ -181,8 +181,6 @@ async def generate_scenarios(
         ...     "mcp-server-time", 20, generator_model="gpt-4.1")  # doctest: +SKIP
         >>> art_mcp.save_scenarios(scenarios, "time_scenarios.jsonl")  # doctest: +SKIP
     """
-    import os
-
     from openai import AsyncOpenAI, OpenAIError
 
     if num_scenarios < 1:
@@ -195,13 +193,7 @@ async def generate_scenarios(
     if not tools:
         raise ScenarioGenerationError(f"MCP server {spec.label!r} has no tools to write tasks for")
     catalog = describe_tools(tools, resources)
-    api_key = generator_api_key or os.environ.get("OPENAI_API_KEY")
-    if api_key is None and generator_base_url is not None:
-        api_key = "EMPTY"  # local OpenAI-compatible servers check no key
-    if api_key is None:
-        raise ValueError(
-            "no API key for the generator: pass generator_api_key or set OPENAI_API_KEY"
-        )
+    api_key = _generator_api_key(generator_api_key, generator_base_url)
     client = AsyncOpenAI(base_url=generator_base_url, api_key=api_key, timeout=request_timeout)
 
     scenarios: list[Scenario] = []
@@ -209,22 +201,12 @@ async def generate_scenarios(
     fruitless = 0  # requests that added nothing new
     while len(scenarios) < num_scenarios:
         count = min(batch_size, num_scenarios - len(scenarios))
-        params: dict[str, Any] = {
-            "model": generator_model,
-            "messages": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {
-                    "role": "user",
-                    "content": _request_prompt(catalog, count, instructions, scenarios),
-                },
-            ],
-            "temperature": temperature,
-        }
-        if structured_output:
-            params["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "scenarios", "schema": RESPONSE_SCHEMA, "strict": True},
-            }
+        params = _request_params(
+            generator_model,
+            _request_prompt(catalog, count, instructions, scenarios),
+            temperature=temperature,
+            structured_output=structured_output,
+        )
         try:
             response = await client.chat.completions.create(**params)
             batch = parse_reply(response.choices[0].message.content if response.choices else None)
@@ -239,9 +221,7 @@ async def generate_scenarios(
             continue
         failures = 0
         before = len(scenarios)
-        known = {normalize_task(s.task) for s in scenarios}
-        scenarios = dedupe([*scenarios, *(s for s in batch if normalize_task(s.task) not in known)])
-        scenarios = scenarios[:num_scenarios]
+        scenarios = _with_new(scenarios, batch, num_scenarios)
         fruitless = fruitless + 1 if len(scenarios) == before else 0
         if fruitless >= max_attempts:
             logger.warning(
@@ -252,3 +232,47 @@ async def generate_scenarios(
             )
             break
     return scenarios
+
+
+def _with_new(scenarios: list[Scenario], batch: list[Scenario], limit: int) -> list[Scenario]:
+    """``scenarios`` then the tasks of ``batch`` not among them (duplicates dropped), at
+    most ``limit``."""
+    known = {normalize_task(s.task) for s in scenarios}
+    merged = dedupe([*scenarios, *(s for s in batch if normalize_task(s.task) not in known)])
+    return merged[:limit]
+
+
+def _generator_api_key(api_key: str | None, base_url: str | None) -> str:
+    """The generator's key: given, else ``OPENAI_API_KEY``, else a placeholder for a local
+    server; ValueError when there is none."""
+    import os
+
+    key = api_key or os.environ.get("OPENAI_API_KEY")
+    if key is None and base_url is not None:
+        key = "EMPTY"  # local OpenAI-compatible servers check no key
+    if key is None:
+        raise ValueError(
+            "no API key for the generator: pass generator_api_key or set OPENAI_API_KEY"
+        )
+    return key
+
+
+def _request_params(
+    model: str, prompt: str, *, temperature: float, structured_output: bool
+) -> dict[str, Any]:
+    """One generator request: the system prompt, ``prompt``, and (with
+    ``structured_output``) the reply's JSON schema."""
+    params: dict[str, Any] = {
+        "model": model,
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": prompt},
+        ],
+        "temperature": temperature,
+    }
+    if structured_output:
+        params["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "scenarios", "schema": RESPONSE_SCHEMA, "strict": True},
+        }
+    return params

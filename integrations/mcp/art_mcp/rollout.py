@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
@@ -153,11 +153,7 @@ async def rollout(
                 strict=settings.strict_schemas,
                 max_answer_chars=settings.max_answer_chars,
             )
-            if task.answer_tool is not None and task.answer_tool not in toolset.mcp_names.values():
-                raise ValueError(
-                    f"scenario {task.id}: its answer_tool {task.answer_tool!r} is not among the "
-                    f"tools offered: {sorted(toolset.mcp_names.values())}"
-                )
+            _check_answer_tool(task, toolset)
             run_metadata = {
                 "mcp_server": spec.label,
                 "mcp_transport": spec.transport,
@@ -178,21 +174,35 @@ async def rollout(
             "calls are kept in the model's calls.sqlite"
         ) from exc
     trajectory = run.trajectory(
-        metrics=stats.metrics(),
-        metadata={
-            "task": task.task,
-            "difficulty": task.difficulty,
-            "final_answer": stats.final_answer,
-            "stop_reason": stats.stop_reason,
-            "tools_used": stats.tools_used,
-            "answer_tool": _answer_tool(task, settings, toolset),
-            "max_turns": settings.max_turns,
-        },
+        metrics=stats.metrics(), metadata=_run_metadata(task, settings, toolset, stats)
     )
     _tag_tool_calls(trajectory)
     if reward_fn is not None:
         trajectory.reward = await _score(reward_fn, task, trajectory)
     return trajectory
+
+
+def _check_answer_tool(task: Scenario, toolset: ToolSet) -> None:
+    if task.answer_tool is not None and task.answer_tool not in toolset.mcp_names.values():
+        raise ValueError(
+            f"scenario {task.id}: its answer_tool {task.answer_tool!r} is not among the "
+            f"tools offered: {sorted(toolset.mcp_names.values())}"
+        )
+
+
+def _run_metadata(
+    task: Scenario, settings: RolloutSettings, toolset: ToolSet, stats: _Stats
+) -> dict[str, Any]:
+    """The trajectory's metadata: the scenario, how the run ended and the tools it used."""
+    return {
+        "task": task.task,
+        "difficulty": task.difficulty,
+        "final_answer": stats.final_answer,
+        "stop_reason": stats.stop_reason,
+        "tools_used": stats.tools_used,
+        "answer_tool": _answer_tool(task, settings, toolset),
+        "max_turns": settings.max_turns,
+    }
 
 
 async def _loop(
@@ -216,16 +226,7 @@ async def _loop(
     ]
     results_read: list[str] = []
     for turn in range(settings.max_turns):
-        call_metadata = {
-            "mcp_server": session.label,
-            "mcp_transport": session.server.transport,
-            "turn": turn,
-            "mcp_tool_results": results_read,
-        }
-        extra_body = dict(settings.extra_body)
-        extra_body["metadata"] = {**extra_body.get("metadata", {}), **call_metadata}
-        if settings.parallel_tool_calls is not None:
-            extra_body["parallel_tool_calls"] = settings.parallel_tool_calls
+        extra_body = _extra_body(settings, session, turn, results_read)
         try:
             response = await client.chat.completions.create(
                 model=run.model_name,
@@ -255,42 +256,76 @@ async def _loop(
                 "answer" if response.choices[0].finish_reason != "length" else "length"
             )
             return
-        results_read = []
-        finished: str | None = None
-        stop = "complete_task"
-        for tool_call in message.tool_calls:
-            function = getattr(tool_call, "function", None)
-            if function is None:
-                continue
-            name = function.name
-            if name == COMPLETE_TASK and settings.complete_task:
-                finished = _answer_of(toolset, function.arguments)
-                continue
-            key = (name, _canonical(function.arguments))
-            if settings.repeated_call_notice and key in stats.results:
-                # The same successful call again: its result is already in the conversation. A
-                # small model that repeats a lookup until the turn limit never answers; say so
-                # instead of running the tool again.
-                stats.repeated_calls += 1
-                content = _repeat_notice(
-                    name, stats.results[key], _answer_tool(task, settings, toolset)
-                )
-            else:
-                errors = stats.tool_errors
-                content = await _execute(
-                    session, toolset, name, function.arguments, settings, stats
-                )
-                if stats.tool_errors == errors:  # a failed call may be worth retrying
-                    stats.results[key] = content
-            messages.append({"role": "tool", "tool_call_id": tool_call.id, "content": content})
-            results_read.append(name)
-            if task.answer_tool is not None and toolset.mcp_names.get(name) == task.answer_tool:
-                # The task's own answer tool was called (and run, so the server saw it).
-                finished, stop = _answer_of(toolset, function.arguments), "answer_tool"
+        finished, stop, results_read = await _answer_tool_calls(
+            message.tool_calls, messages, session, toolset, task, settings, stats
+        )
         if finished is not None:
             stats.final_answer = finished
             stats.stop_reason = stop
             return
+
+
+def _extra_body(
+    settings: RolloutSettings, session: McpSession, turn: int, results_read: list[str]
+) -> dict[str, Any]:
+    """A call's extra body: the settings', with the call's MCP metadata (its server, turn
+    and the tools whose results it reads) and ``parallel_tool_calls`` when set."""
+    call_metadata = {
+        "mcp_server": session.label,
+        "mcp_transport": session.server.transport,
+        "turn": turn,
+        "mcp_tool_results": results_read,
+    }
+    extra_body = dict(settings.extra_body)
+    extra_body["metadata"] = {**extra_body.get("metadata", {}), **call_metadata}
+    if settings.parallel_tool_calls is not None:
+        extra_body["parallel_tool_calls"] = settings.parallel_tool_calls
+    return extra_body
+
+
+async def _answer_tool_calls(
+    tool_calls: Sequence[Any],
+    messages: list[dict[str, Any]],
+    session: McpSession,
+    toolset: ToolSet,
+    task: Scenario,
+    settings: RolloutSettings,
+    stats: _Stats,
+) -> tuple[str | None, str, list[str]]:
+    """Run a turn's tool calls (a repeated successful call gets a notice instead) and add
+    their results to ``messages``. Returns the final answer (None: the run goes on), how it
+    was given, and the tools whose results the next call reads."""
+    results_read: list[str] = []
+    finished: str | None = None
+    stop = "complete_task"
+    for tool_call in tool_calls:
+        function = getattr(tool_call, "function", None)
+        if function is None:
+            continue
+        name = function.name
+        if name == COMPLETE_TASK and settings.complete_task:
+            finished = _answer_of(toolset, function.arguments)
+            continue
+        key = (name, _canonical(function.arguments))
+        if settings.repeated_call_notice and key in stats.results:
+            # The same successful call again: its result is already in the conversation. A
+            # small model that repeats a lookup until the turn limit never answers; say so
+            # instead of running the tool again.
+            stats.repeated_calls += 1
+            content = _repeat_notice(
+                name, stats.results[key], _answer_tool(task, settings, toolset)
+            )
+        else:
+            errors = stats.tool_errors
+            content = await _execute(session, toolset, name, function.arguments, settings, stats)
+            if stats.tool_errors == errors:  # a failed call may be worth retrying
+                stats.results[key] = content
+        messages.append({"role": "tool", "tool_call_id": tool_call.id, "content": content})
+        results_read.append(name)
+        if task.answer_tool is not None and toolset.mcp_names.get(name) == task.answer_tool:
+            # The task's own answer tool was called (and run, so the server saw it).
+            finished, stop = _answer_of(toolset, function.arguments), "answer_tool"
+    return finished, stop, results_read
 
 
 async def _execute(

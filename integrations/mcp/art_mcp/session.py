@@ -289,7 +289,7 @@ async def connect(
         raise _unwrap(group, spec, connected=state["connected"]) from group
 
 
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:  # type: ignore[type-arg]
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     out: list[BaseException] = []
     for exc in group.exceptions:
         out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
@@ -309,7 +309,7 @@ def _is_transport_error(exc: BaseException) -> bool:
     )
 
 
-def _unwrap(group: BaseExceptionGroup, spec: ServerSpec, *, connected: bool) -> BaseException:  # type: ignore[type-arg]
+def _unwrap(group: BaseExceptionGroup, spec: ServerSpec, *, connected: bool) -> BaseException:
     """The one exception a caller should see for a task group's failure.
 
     The body's own exception wins; a transport failure (the server died, the HTTP connection

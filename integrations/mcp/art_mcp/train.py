@@ -21,11 +21,12 @@ warm start can be compared at the same wall time.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from statistics import mean, pstdev
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypedDict, Unpack
 
 from tqdm.auto import tqdm
 
@@ -38,6 +39,9 @@ from art_mcp.scenarios import Scenario
 from art_mcp.servers import ServerLike, parse_server
 from art_mcp.warm_start import WarmStart, WarmStartReport
 from art_mcp.warm_start import warm_start as run_warm_start
+
+if TYPE_CHECKING:
+    from art_core.training.config import TrainResult
 
 
 @dataclass
@@ -157,266 +161,431 @@ async def validate(
     )
 
 
+@dataclass(frozen=True)
+class MCPTrainSettings:
+    """How ``train`` runs: every keyword of ``train`` but the model, server and scenarios.
+
+    Pass one as ``train(model, server, scenarios, options)``, or the same names as keywords
+    (``train(..., steps=20, reward_fn=...)``), or both: keywords then override the options'
+    fields. Build variants with ``dataclasses.replace``. Unknown names raise ``TypeError``.
+
+    Parameters:
+        steps (``int``, default ``10``): train until this checkpoint step; ``train`` resumes
+            from the model's step, and a step that trains nothing still counts.
+        groups_per_step (``int``, default ``4``): scenarios (groups) per step.
+        rollouts_per_group (``int``, default ``8``): runs of each scenario in a group (1: no
+            group to compare, each scenario runs once).
+        reward_fn (``RewardFn | None``, default ``None``): ``reward_fn(scenario, trajectory)``
+            scores a run; this or ``judge`` is required.
+        judge (``Judge | None``, default ``None``): score with RULER instead (a group the
+            judge fails on is dropped); needs ``rollouts_per_group >= 2``.
+        val_scenarios (``Sequence[Scenario] | None``, default ``None``): the validation
+            scenarios; ``None``: the first 8 training scenarios.
+        val_rollouts_per_scenario (``int``, default ``2``): runs of each validation scenario.
+        settings (``RolloutSettings | None``, default ``None``): how each rollout runs (turns,
+            tokens, temperature, tools); ``None``: ``RolloutSettings()``.
+        val_settings (``RolloutSettings | None``, default ``None``): the validation runs'
+            settings; ``None``: ``settings``.
+        config (``art.TrainConfig | None``, default ``None``): the GRPO config; ``None``:
+            ``TrainConfig(learning_rate=1e-4)``.
+        max_exceptions (``int | float``, default ``0.25``): rollouts of a step that may raise
+            (a count, or a fraction when < 1) before the step raises.
+        seed (``int``, default ``0``): the seed of the scenario schedule (and a warm start).
+        errlog (``TextIO | None``, default ``None``): where the MCP servers' stderr goes.
+        on_step (``Callable[[StepRecord], None] | None``, default ``None``): called with each
+            step's record.
+        dynamic_sampling (``bool``, default ``False``): discard groups without signal and
+            start others in their place (sparse rewards).
+        max_rollouts_per_step (``int | None``, default ``None``): the rollouts a step may
+            spend; ``None``: 4x a plain step with ``dynamic_sampling`` or ``max_group_size``,
+            else a plain step (``groups_per_step * rollouts_per_group``).
+        max_group_size (``int | None``, default ``None``): grow an all-equal group up to this
+            many runs before giving up on it (adaptive group size).
+        curriculum (``bool``, default ``False``): prefer scenarios solved about half the time.
+        success_threshold (``float``, default ``1.0``): a run solved its scenario when its
+            reward is at least this (the curriculum and the never-solved share).
+        warm_start (``WarmStart | None``, default ``None``): SFT a fresh model on successful
+            runs first (after the first validation; its checkpoint is a step); needs
+            ``reward_fn``.
+        time_budget_s (``float | None``, default ``None``): no step starts once this much time
+            has passed since the first validation ended.
+
+    Example:
+        >>> fast = MCPTrainSettings(steps=2, rollouts_per_group=4)
+        >>> dataclasses.replace(fast, steps=3).steps, fast.max_rollouts()
+        (3, 16)
+    """
+
+    steps: int = 10
+    groups_per_step: int = 4
+    rollouts_per_group: int = 8
+    reward_fn: RewardFn | None = None
+    judge: Judge | None = None
+    val_scenarios: Sequence[Scenario] | None = None
+    val_rollouts_per_scenario: int = 2
+    settings: RolloutSettings | None = None
+    val_settings: RolloutSettings | None = None
+    config: Any = None  # art.TrainConfig (imported lazily: it pulls in torch)
+    max_exceptions: int | float = 0.25
+    seed: int = 0
+    errlog: TextIO | None = None
+    on_step: Callable[[StepRecord], None] | None = None
+    dynamic_sampling: bool = False
+    max_rollouts_per_step: int | None = None
+    max_group_size: int | None = None
+    curriculum: bool = False
+    success_threshold: float = 1.0
+    warm_start: WarmStart | None = None
+    time_budget_s: float | None = None
+
+    def max_rollouts(self) -> int:
+        """``max_rollouts_per_step``, its default resolved."""
+        if self.max_rollouts_per_step is not None:
+            return self.max_rollouts_per_step
+        plain_step = self.groups_per_step * self.rollouts_per_group
+        return 4 * plain_step if self.dynamic_sampling or self.max_group_size else plain_step
+
+    def check(self) -> None:
+        """Raise ``ValueError`` for settings ``train`` cannot run with."""
+        if self.reward_fn is None and self.judge is None:
+            raise ValueError("train needs a reward: pass reward_fn=... or judge=Judge(model=...)")
+        if self.steps < 1 or self.groups_per_step < 1 or self.rollouts_per_group < 1:
+            raise ValueError("steps, groups_per_step and rollouts_per_group must be >= 1")
+
+    def check_sampling(self) -> None:
+        """The checks of the group sizes, the rollout budget, the warm start and the time
+        budget (after ``check`` and the scenarios')."""
+        if self.judge is not None and self.rollouts_per_group < 2:
+            raise ValueError("RULER compares runs: rollouts_per_group must be >= 2 with a judge")
+        if self.max_group_size is not None and self.max_group_size < self.rollouts_per_group:
+            raise ValueError(
+                f"max_group_size ({self.max_group_size}) must be >= rollouts_per_group "
+                f"({self.rollouts_per_group})"
+            )
+        plain_step = self.groups_per_step * self.rollouts_per_group
+        if self.max_rollouts() < plain_step and not self.dynamic_sampling:
+            raise ValueError(
+                f"max_rollouts_per_step ({self.max_rollouts()}) must be >= groups_per_step x "
+                f"rollouts_per_group ({plain_step}) without dynamic sampling"
+            )
+        if self.warm_start is not None and self.reward_fn is None:
+            raise ValueError("a warm start picks runs by reward: it needs reward_fn, not a judge")
+        if self.time_budget_s is not None and self.time_budget_s < 0:
+            raise ValueError(f"time_budget_s must be >= 0, got {self.time_budget_s}")
+
+
+class MCPTrainKwargs(TypedDict, total=False):
+    """``train``'s keywords, typed: the fields of ``MCPTrainSettings`` (documented there)."""
+
+    steps: int
+    groups_per_step: int
+    rollouts_per_group: int
+    reward_fn: RewardFn | None
+    judge: Judge | None
+    val_scenarios: Sequence[Scenario] | None
+    val_rollouts_per_scenario: int
+    settings: RolloutSettings | None
+    val_settings: RolloutSettings | None
+    config: Any
+    max_exceptions: int | float
+    seed: int
+    errlog: TextIO | None
+    on_step: Callable[[StepRecord], None] | None
+    dynamic_sampling: bool
+    max_rollouts_per_step: int | None
+    max_group_size: int | None
+    curriculum: bool
+    success_threshold: float
+    warm_start: WarmStart | None
+    time_budget_s: float | None
+
+
+def train_settings(
+    options: MCPTrainSettings | None = None, **kwargs: Unpack[MCPTrainKwargs]
+) -> MCPTrainSettings:
+    """``options`` (default: ``MCPTrainSettings()``) with ``kwargs`` overriding its fields;
+    a name that is no field raises ``TypeError`` naming it.
+
+    Example:
+        >>> train_settings(steps=3).steps
+        3
+    """
+    unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(MCPTrainSettings)})
+    if unknown:
+        raise TypeError(f"train() got unexpected keyword arguments: {', '.join(unknown)}")
+    return dataclasses.replace(options or MCPTrainSettings(), **kwargs)
+
+
 async def train(
     model: art.TrainableModel,
     server: ServerLike,
     scenarios: Sequence[Scenario],
-    *,
-    steps: int = 10,
-    groups_per_step: int = 4,
-    rollouts_per_group: int = 8,
-    reward_fn: RewardFn | None = None,
-    judge: Judge | None = None,
-    val_scenarios: Sequence[Scenario] | None = None,
-    val_rollouts_per_scenario: int = 2,
-    settings: RolloutSettings | None = None,
-    val_settings: RolloutSettings | None = None,
-    config: Any = None,
-    max_exceptions: int | float = 0.25,
-    seed: int = 0,
-    errlog: TextIO | None = None,
-    on_step: Callable[[StepRecord], None] | None = None,
-    dynamic_sampling: bool = False,
-    max_rollouts_per_step: int | None = None,
-    max_group_size: int | None = None,
-    curriculum: bool = False,
-    success_threshold: float = 1.0,
-    warm_start: WarmStart | None = None,
-    time_budget_s: float | None = None,
+    options: MCPTrainSettings | None = None,
+    **kwargs: Unpack[MCPTrainKwargs],
 ) -> TrainReport:
     """Train ``model`` (registered) to solve ``scenarios`` with ``server``'s tools.
 
-    Rewards come from ``reward_fn(scenario, trajectory)`` or, with ``judge``, from RULER
-    (``art_core.rewards.ruler_score_group``; a group the judge fails on is dropped). Up to
-    ``max_exceptions`` rollouts of a step (a count, or a fraction when < 1) may fail (e.g. the
-    server crashed) before the step raises. ``val_scenarios`` default to the first 8 training
-    scenarios. ``config`` is an ``art.TrainConfig`` (default: ``learning_rate=1e-4``).
+    ``options`` (an ``MCPTrainSettings``) and the keywords (its fields, which override it)
+    say how; every option is documented there. Rewards come from ``reward_fn(scenario,
+    trajectory)`` or, with ``judge``, from RULER (``art_core.rewards.ruler_score_group``).
     Resumes from the model's checkpoint step; returns the per-step records and the before /
     after validation summaries (RULER-scored in joint groups when a judge is used).
 
     A step whose groups all have equal rewards trains nothing (the checkpoint step stays) but
-    counts towards ``steps``. Sparse rewards: ``dynamic_sampling`` (groups without signal are discarded and replaced,
-    up to ``max_rollouts_per_step`` rollouts a step, default 4x a plain step),
-    ``max_group_size`` (adaptive group size) and ``curriculum``; a run solved a scenario when
-    its reward >= ``success_threshold`` (for the curriculum and the never-solved share).
-
-    ``warm_start`` (a fresh model only: at step 0) runs before the first step, after the
-    first validation; its SFT checkpoint is a step, so ``steps`` counts it. Its SFT config
-    defaults to the GRPO config's LoRA shape. ``time_budget_s``: no step starts once that
-    much time has passed since the first validation ended.
+    counts towards ``steps``. Sparse rewards: ``dynamic_sampling``, ``max_group_size`` and
+    ``curriculum``. ``warm_start`` (a fresh model only: at step 0) runs before the first
+    step, after the first validation; its SFT checkpoint is a step, so ``steps`` counts it.
+    Its SFT config defaults to the GRPO config's LoRA shape.
 
     Example:
         >>> report = await art_mcp.train(model, "python examples/mcp/shop_server.py", scenarios,
         ...                              steps=10, reward_fn=check_answer)  # doctest: +SKIP
         >>> print(report.table())  # doctest: +SKIP
     """
-    from art_core.training.config import TrainConfig
-
-    if reward_fn is None and judge is None:
-        raise ValueError("train needs a reward: pass reward_fn=... or judge=Judge(model=...)")
-    if steps < 1 or groups_per_step < 1 or rollouts_per_group < 1:
-        raise ValueError("steps, groups_per_step and rollouts_per_group must be >= 1")
+    chosen = train_settings(options, **kwargs)
+    chosen.check()
     scenarios = list(scenarios)
     if not scenarios:
         raise ValueError("no scenarios to train on")
-    if judge is not None and rollouts_per_group < 2:
-        raise ValueError("RULER compares runs: rollouts_per_group must be >= 2 with a judge")
-    if max_group_size is not None and max_group_size < rollouts_per_group:
-        raise ValueError(
-            f"max_group_size ({max_group_size}) must be >= rollouts_per_group ({rollouts_per_group})"
-        )
-    plain_step = groups_per_step * rollouts_per_group
-    if max_rollouts_per_step is None:
-        max_rollouts_per_step = 4 * plain_step if dynamic_sampling or max_group_size else plain_step
-    if max_rollouts_per_step < plain_step and not dynamic_sampling:
-        raise ValueError(
-            f"max_rollouts_per_step ({max_rollouts_per_step}) must be >= groups_per_step x "
-            f"rollouts_per_group ({plain_step}) without dynamic sampling"
-        )
-    if warm_start is not None and reward_fn is None:
-        raise ValueError("a warm start picks runs by reward: it needs reward_fn, not a judge")
-    if time_budget_s is not None and time_budget_s < 0:
-        raise ValueError(f"time_budget_s must be >= 0, got {time_budget_s}")
-    config = config or TrainConfig(learning_rate=1e-4)
-    spec = parse_server(server)
-    val = list(val_scenarios) if val_scenarios is not None else scenarios[:8]
-    val_reward = None if judge is not None else reward_fn
-    started = time.perf_counter()
+    chosen.check_sampling()
+    return await _Training(model, parse_server(server), scenarios, chosen).run()
 
-    async def run_val(desc: str) -> tuple[int, list[art.TrajectoryGroup]]:
-        step = await model.get_step()
+
+class _Training:
+    """One ``train`` call: validation before and after, the warm start and the steps."""
+
+    def __init__(
+        self,
+        model: art.TrainableModel,
+        spec: Any,
+        scenarios: list[Scenario],
+        options: MCPTrainSettings,
+    ) -> None:
+        from art_core.training.config import TrainConfig
+
+        self.model = model
+        self.spec = spec
+        self.scenarios = scenarios
+        self.o = options
+        self.config = options.config or TrainConfig(learning_rate=1e-4)
+        self.val = (
+            list(options.val_scenarios) if options.val_scenarios is not None else scenarios[:8]
+        )
+        self.step = 0  # the step the rollouts being run train (their metadata)
+
+    async def run(self) -> TrainReport:
+        started = time.perf_counter()
+        before_step, before_groups = await self.validate("validate (before)")
+        training_started = time.perf_counter()
+        warm_report = await self.warm_start()
+        records = await self.steps(training_started)
+        training_s = time.perf_counter() - training_started
+        after_step, after_groups = await self.validate("validate (after)")
+        joint = False
+        if self.o.judge is not None:
+            before_groups, after_groups = await _judge_jointly(
+                before_groups, after_groups, self.o.judge
+            )
+            joint = True
+        return TrainReport(
+            steps=records,
+            before=ValSummary.of(before_step, before_groups),
+            after=ValSummary.of(after_step, after_groups),
+            wall_s=time.perf_counter() - started,
+            judged_jointly=joint,
+            training_s=training_s,
+            warm_start=warm_report,
+        )
+
+    async def validate(self, desc: str) -> tuple[int, list[art.TrajectoryGroup]]:
+        """A validation pass (logged, unless RULER scores it later): its step and groups."""
+        o = self.o
+        step = await self.model.get_step()
         groups = await validate(
-            model,
-            spec,
-            val,
-            reward_fn=val_reward,
-            rollouts_per_scenario=val_rollouts_per_scenario,
-            settings=val_settings or settings,
-            errlog=errlog,
+            self.model,
+            self.spec,
+            self.val,
+            reward_fn=None if o.judge is not None else o.reward_fn,
+            rollouts_per_scenario=o.val_rollouts_per_scenario,
+            settings=o.val_settings or o.settings,
+            errlog=o.errlog,
             desc=desc,
         )
-        if judge is None:
-            await model.log(groups, split="val")
+        if o.judge is None:
+            await self.model.log(groups, split="val")
         return step, groups
 
-    before_step, before_groups = await run_val("validate (before)")
-    training_started = time.perf_counter()
-    warm_report = None
-    if warm_start is not None and reward_fn is not None:
-        if await model.get_step() > 0:
+    async def warm_start(self) -> WarmStartReport | None:
+        """The warm start's SFT, when asked for and the model is fresh."""
+        o = self.o
+        if o.warm_start is None or o.reward_fn is None:
+            return None
+        if await self.model.get_step() > 0:
             tqdm.write(
-                f"warm start skipped: {model.name} is at step {await model.get_step()} "
+                f"warm start skipped: {self.model.name} is at step {await self.model.get_step()} "
                 "(a warm start is for a fresh model)"
             )
-        else:
-            warm_report = await run_warm_start(
-                model,
-                spec,
-                scenarios,
-                _with_lora_of(warm_start, config, seed),
-                reward_fn=reward_fn,
-                settings=settings,
-                errlog=errlog,
-            )
-            tqdm.write(warm_report.line())
-    records: list[StepRecord] = []
-    first = await model.get_step()
-    current = {"step": first}
+            return None
+        report = await run_warm_start(
+            self.model,
+            self.spec,
+            self.scenarios,
+            _with_lora_of(o.warm_start, self.config, o.seed),
+            reward_fn=o.reward_fn,
+            settings=o.settings,
+            errlog=o.errlog,
+        )
+        tqdm.write(report.line())
+        return report
 
-    def train_rollout(scenario: Scenario) -> Any:
+    def rollout(self, scenario: Scenario) -> Any:
+        """One training rollout of ``scenario`` (not yet awaited)."""
+        o = self.o
         return rollout(
-            model,
+            self.model,
             scenario,
-            spec,
-            reward_fn=reward_fn if judge is None else None,
-            settings=settings,
-            errlog=errlog,
-            metadata={"split": "train", "step": current["step"]},
+            self.spec,
+            reward_fn=o.reward_fn if o.judge is None else None,
+            settings=o.settings,
+            errlog=o.errlog,
+            metadata={"split": "train", "step": self.step},
         )
 
-    # Without the sparse-reward options this is the plain schedule (scenarios_for_step's
-    # seeded shuffle, resumed at the model's step), with the same per-step report.
-    sampler = art.ScenarioSampler(
-        scenarios,
-        train_rollout,
-        group_size=rollouts_per_group if rollouts_per_group >= 2 else 2,
-        max_group_size=max_group_size,
-        dynamic_sampling=dynamic_sampling,
-        curriculum=curriculum,
-        success_threshold=success_threshold,
-        key=lambda scenario: scenario.id,
-        seed=seed,
-        position=first * groups_per_step,
-    )
-    # With a time budget the step count is only a bound: no total (and no ETA) to show.
-    bar = tqdm(
-        total=steps if time_budget_s is None else None,
-        initial=min(first, steps),
-        desc="mcp train",
-        unit="step",
-    )
-    try:
-        step = first
-        # A step that trains nothing (every group all-equal) leaves the checkpoint step where
-        # it was: it still counts, so a reward nobody earns cannot keep this loop going.
-        for _ in range(max(steps - first, 0)):
-            if (
-                time_budget_s is not None
-                and time.perf_counter() - training_started >= time_budget_s
-            ):
-                tqdm.write(f"time budget of {time_budget_s / 60:.1f} min spent: no more steps")
-                break
-            current["step"] = step
-            rollout_started = time.perf_counter()
-            if rollouts_per_group >= 2:
-                groups = await sampler.gather(
-                    groups_per_step,
-                    max_rollouts=max_rollouts_per_step,
-                    pbar_desc=f"step {step} rollouts",
-                    max_exceptions=max_exceptions,
-                    after_each=_ruler(judge) if judge is not None else None,
-                )
-            else:  # one run per scenario: no group to compare, nothing to sample for
-                groups = await art.gather_trajectory_groups(
-                    (
-                        art.TrajectoryGroup([train_rollout(scenario)])
-                        for scenario in scenarios_for_step(scenarios, step, groups_per_step, seed)
-                    ),
-                    pbar_desc=f"step {step} rollouts",
-                    max_exceptions=max_exceptions,
-                )
-            rollout_s = time.perf_counter() - rollout_started
-            sampled = sampler.last_report if rollouts_per_group >= 2 else None
-            if not any(g.trajectories for g in groups):
-                raise RuntimeError(
-                    f"step {step}: no rollout to train on (all failed or their groups were dropped)"
-                )
-            train_started = time.perf_counter()
-            result = await model.train(groups, config=config)
-            rewards = [t.reward for g in groups for t in g.trajectories]
-            record = StepRecord(
-                step=step,
-                reward=mean(rewards),
-                reward_std=pstdev(rewards),
-                rollouts=len(rewards),
-                failed=sampled.exceptions if sampled else sum(len(g.exceptions) for g in groups),
-                rollout_s=rollout_s,
-                train_s=time.perf_counter() - train_started,
-                metrics=dict(result.metrics),
-                groups_with_signal=sampled.groups_with_signal if sampled else 0,
-                groups_all_equal=sampled.groups_all_equal if sampled else len(groups),
-                rollouts_spent=sampled.rollouts if sampled else len(rewards),
-                never_solved=sampled.scenarios.never_solved_share
-                if sampled and sampled.scenarios
-                else 0.0,
-                diagnoses=list(result.diagnoses),
+    async def steps(self, training_started: float) -> list[StepRecord]:
+        """Run the steps from the model's step to ``steps`` (or the time budget)."""
+        o = self.o
+        records: list[StepRecord] = []
+        first = await self.model.get_step()
+        # Without the sparse-reward options this is the plain schedule (scenarios_for_step's
+        # seeded shuffle, resumed at the model's step), with the same per-step report.
+        sampler = art.ScenarioSampler(
+            self.scenarios,
+            self.rollout,
+            group_size=o.rollouts_per_group if o.rollouts_per_group >= 2 else 2,
+            max_group_size=o.max_group_size,
+            dynamic_sampling=o.dynamic_sampling,
+            curriculum=o.curriculum,
+            success_threshold=o.success_threshold,
+            key=lambda scenario: scenario.id,
+            seed=o.seed,
+            position=first * o.groups_per_step,
+        )
+        # With a time budget the step count is only a bound: no total (and no ETA) to show.
+        bar = tqdm(
+            total=o.steps if o.time_budget_s is None else None,
+            initial=min(first, o.steps),
+            desc="mcp train",
+            unit="step",
+        )
+        try:
+            step = first
+            # A step that trains nothing (every group all-equal) leaves the checkpoint step
+            # where it was: it still counts, so a reward nobody earns cannot keep this loop going.
+            for _ in range(max(o.steps - first, 0)):
+                if (
+                    o.time_budget_s is not None
+                    and time.perf_counter() - training_started >= o.time_budget_s
+                ):
+                    tqdm.write(
+                        f"time budget of {o.time_budget_s / 60:.1f} min spent: no more steps"
+                    )
+                    break
+                record, result = await self.train_step(step, sampler)
+                records.append(record)
+                bar.update(1)
+                bar.set_postfix(reward=f"{record.reward:.3f}")
+                tqdm.write(_step_line(record, result.nothing_trained, o.dynamic_sampling))
+                if o.on_step is not None:
+                    o.on_step(record)
+                step = result.step
+        finally:
+            bar.close()
+        return records
+
+    async def gather(
+        self, step: int, sampler: art.ScenarioSampler
+    ) -> tuple[list[art.TrajectoryGroup], art.SamplingReport | None]:
+        """A step's groups, and the sampler's report (None without groups to compare)."""
+        o = self.o
+        if o.rollouts_per_group >= 2:
+            groups = await sampler.gather(
+                o.groups_per_step,
+                max_rollouts=o.max_rollouts(),
+                pbar_desc=f"step {step} rollouts",
+                max_exceptions=o.max_exceptions,
+                after_each=_ruler(o.judge) if o.judge is not None else None,
             )
-            records.append(record)
-            bar.update(1)
-            bar.set_postfix(reward=f"{record.reward:.3f}")
-            tqdm.write(
-                f"step {step}: reward {record.reward:.3f} ± {record.reward_std:.3f} over "
-                f"{record.rollouts} runs ({record.failed} failed); groups with signal "
-                f"{record.groups_with_signal}, all-equal {record.groups_all_equal}"
-                f"{' (discarded)' if dynamic_sampling else ''}, {record.rollouts_spent} "
-                f"rollouts spent, {record.never_solved:.0%} of tried scenarios never solved; "
-                f"rollouts {rollout_s:.1f} s, train {record.train_s:.1f} s"
-                + (f"; trained nothing: {result.nothing_trained}" if result.nothing_trained else "")
-                + (
-                    "; why: "
-                    + ", ".join(d.code for d in record.diagnoses)
-                    + "".join(f"\n    {d.line()}" for d in record.diagnoses)
-                    if record.diagnoses
-                    else ""
-                )
+            return groups, sampler.last_report
+        # one run per scenario: no group to compare, nothing to sample for
+        groups = await art.gather_trajectory_groups(
+            (
+                art.TrajectoryGroup([self.rollout(scenario)])
+                for scenario in scenarios_for_step(self.scenarios, step, o.groups_per_step, o.seed)
+            ),
+            pbar_desc=f"step {step} rollouts",
+            max_exceptions=o.max_exceptions,
+        )
+        return groups, None
+
+    async def train_step(
+        self, step: int, sampler: art.ScenarioSampler
+    ) -> tuple[StepRecord, TrainResult]:
+        """Gather step ``step``'s groups and train on them: its record and what training
+        returned."""
+        self.step = step
+        rollout_started = time.perf_counter()
+        groups, sampled = await self.gather(step, sampler)
+        rollout_s = time.perf_counter() - rollout_started
+        if not any(g.trajectories for g in groups):
+            raise RuntimeError(
+                f"step {step}: no rollout to train on (all failed or their groups were dropped)"
             )
-            if on_step is not None:
-                on_step(record)
-            step = result.step
-    finally:
-        bar.close()
-    training_s = time.perf_counter() - training_started
-    after_step, after_groups = await run_val("validate (after)")
-    joint = False
-    if judge is not None:
-        before_groups, after_groups = await _judge_jointly(before_groups, after_groups, judge)
-        joint = True
-    return TrainReport(
-        steps=records,
-        before=ValSummary.of(before_step, before_groups),
-        after=ValSummary.of(after_step, after_groups),
-        wall_s=time.perf_counter() - started,
-        judged_jointly=joint,
-        training_s=training_s,
-        warm_start=warm_report,
+        train_started = time.perf_counter()
+        result = await self.model.train(groups, config=self.config)
+        rewards = [t.reward for g in groups for t in g.trajectories]
+        record = StepRecord(
+            step=step,
+            reward=mean(rewards),
+            reward_std=pstdev(rewards),
+            rollouts=len(rewards),
+            failed=sampled.exceptions if sampled else sum(len(g.exceptions) for g in groups),
+            rollout_s=rollout_s,
+            train_s=time.perf_counter() - train_started,
+            metrics=dict(result.metrics),
+            groups_with_signal=sampled.groups_with_signal if sampled else 0,
+            groups_all_equal=sampled.groups_all_equal if sampled else len(groups),
+            rollouts_spent=sampled.rollouts if sampled else len(rewards),
+            never_solved=sampled.scenarios.never_solved_share
+            if sampled and sampled.scenarios
+            else 0.0,
+            diagnoses=list(result.diagnoses),
+        )
+        return record, result
+
+
+def _step_line(record: StepRecord, nothing_trained: str | None, discarded: bool) -> str:
+    """The progress line of a step."""
+    return (
+        f"step {record.step}: reward {record.reward:.3f} ± {record.reward_std:.3f} over "
+        f"{record.rollouts} runs ({record.failed} failed); groups with signal "
+        f"{record.groups_with_signal}, all-equal {record.groups_all_equal}"
+        f"{' (discarded)' if discarded else ''}, {record.rollouts_spent} "
+        f"rollouts spent, {record.never_solved:.0%} of tried scenarios never solved; "
+        f"rollouts {record.rollout_s:.1f} s, train {record.train_s:.1f} s"
+        + (f"; trained nothing: {nothing_trained}" if nothing_trained else "")
+        + (
+            "; why: "
+            + ", ".join(d.code for d in record.diagnoses)
+            + "".join(f"\n    {d.line()}" for d in record.diagnoses)
+            if record.diagnoses
+            else ""
+        )
     )
 
 
 def _with_lora_of(warm: WarmStart, config: Any, seed: int) -> WarmStart:
     """``warm`` with an SFT config (default: ``SFTConfig()``) on the GRPO config's adapter
     shape and precision: both train the same LoRA."""
-    import dataclasses
-
     from art_core.training.config import SFTConfig
 
     shared = {

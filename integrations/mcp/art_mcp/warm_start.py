@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -139,28 +139,7 @@ async def warm_start(
         chosen = [order[(position + i) % len(order)] for i in range(count)]
         position += count
         spent += count * warm.rollouts_per_scenario
-        if warm.teacher is not None:
-            traces += await art.teacher_trajectories(
-                run,
-                warm.teacher,
-                chosen,
-                rollouts_per_scenario=warm.rollouts_per_scenario,
-                min_reward=warm.min_reward,
-                max_exceptions=0.5,
-                pbar_desc=f"warm start ({len(traces)}/{warm.traces} traces)",
-            )
-        else:
-            groups = await art.gather_trajectory_groups(
-                (
-                    art.TrajectoryGroup(
-                        run(model, scenario) for _ in range(warm.rollouts_per_scenario)
-                    )
-                    for scenario in chosen
-                ),
-                pbar_desc=f"warm start ({len(traces)}/{warm.traces} traces)",
-                max_exceptions=0.5,
-            )
-            traces += art.best_trajectories(groups, min_reward=warm.min_reward)
+        traces += await _successful_runs(run, model, warm, chosen, have=len(traces))
     collected = time.perf_counter() - started
     traces = traces[: warm.traces]
     if not traces:
@@ -176,3 +155,35 @@ async def warm_start(
         step=result.step,
         metrics=dict(result.metrics),
     )
+
+
+async def _successful_runs(
+    run: Callable[[art.TrainableModel, Scenario], Awaitable[art.Trajectory]],
+    model: art.TrainableModel,
+    warm: WarmStart,
+    chosen: list[Scenario],
+    *,
+    have: int,
+) -> list[art.Trajectory]:
+    """One round's successful runs of ``chosen``: the teacher's, else the model's best of
+    each group (``have``: the traces collected so far, for the progress bar)."""
+    desc = f"warm start ({have}/{warm.traces} traces)"
+    if warm.teacher is not None:
+        return await art.teacher_trajectories(
+            run,
+            warm.teacher,
+            chosen,
+            rollouts_per_scenario=warm.rollouts_per_scenario,
+            min_reward=warm.min_reward,
+            max_exceptions=0.5,
+            pbar_desc=desc,
+        )
+    groups = await art.gather_trajectory_groups(
+        (
+            art.TrajectoryGroup(run(model, scenario) for _ in range(warm.rollouts_per_scenario))
+            for scenario in chosen
+        ),
+        pbar_desc=desc,
+        max_exceptions=0.5,
+    )
+    return art.best_trajectories(groups, min_reward=warm.min_reward)

@@ -18,7 +18,7 @@ def install(extra: list[str]) -> int:
     return 0
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "verifiers", help="run verifiers environments as rollouts (their own runtime venv)"
     )

@@ -130,31 +130,44 @@ async def rollout_groups(
             ],
         }
         results = await run_runtime(python, job, env_vars=env.env_vars, timeout_s=env.timeout_s)
-    groups: list[art.TrajectoryGroup] = []
-    for position, example in enumerate(examples):
-        start = position * rollouts_per_example
-        trajectories: list[art.Trajectory | BaseException] = []
-        for run, result in zip(
-            runs[start : start + rollouts_per_example],
-            results[start : start + rollouts_per_example],
-            strict=True,
-        ):
-            if result["error"] is None:
-                trajectories.append(to_trajectory(run, result))
-                continue
-            error = VerifiersError(
-                f"rollout {run.rollout_id} (example {example}) failed in the environment "
-                f"{env.environment!r}: {result['error']}"
-            )
-            if raise_on_error:
-                raise error
-            trajectories.append(error)
-        groups.append(
-            art.TrajectoryGroup(
-                trajectories, metadata={"verifiers_env": env.environment, "example": example}
-            )
+    n = rollouts_per_example
+    return [
+        _group(
+            env,
+            example,
+            runs[position * n : (position + 1) * n],
+            results[position * n : (position + 1) * n],
+            raise_on_error=raise_on_error,
         )
-    return groups
+        for position, example in enumerate(examples)
+    ]
+
+
+def _group(
+    env: VerifiersEnv,
+    example: int,
+    runs: Sequence[art.Run],
+    results: Sequence[dict[str, Any]],
+    *,
+    raise_on_error: bool,
+) -> art.TrajectoryGroup:
+    """One example's group from its runs and the runtime's results for them: a failed
+    rollout raises ``VerifiersError``, or without ``raise_on_error`` is kept as one."""
+    trajectories: list[art.Trajectory | BaseException] = []
+    for run, result in zip(runs, results, strict=True):
+        if result["error"] is None:
+            trajectories.append(to_trajectory(run, result))
+            continue
+        error = VerifiersError(
+            f"rollout {run.rollout_id} (example {example}) failed in the environment "
+            f"{env.environment!r}: {result['error']}"
+        )
+        if raise_on_error:
+            raise error
+        trajectories.append(error)
+    return art.TrajectoryGroup(
+        trajectories, metadata={"verifiers_env": env.environment, "example": example}
+    )
 
 
 def to_trajectory(run: art.Run, result: dict[str, Any]) -> art.Trajectory:

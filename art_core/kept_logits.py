@@ -6,6 +6,9 @@ largest tensor). Older versions index hidden states with it as if it were 1-D po
 (IndexError/RuntimeError), or take no such argument (TypeError); some models ignore it and
 return every position. ``KeptLogits`` handles all three, falling back to full logits for good
 at the first refusal.
+
+The trainer's and a local teacher's (``distill/``) forward passes share it, so it lives below
+both.
 """
 
 from __future__ import annotations

@@ -1,21 +1,21 @@
-"""What every wire API's edge does the same way: read the body, translate it to a chat
-request, validate that, and prepare the call.
+"""Reading a request of any wire API: the body, parsed off the event loop when large, then
+translated to the gateway's one internal request (a chat request), validated, and prepared.
 
 An API module owns one function, ``translate(payload) -> Translated``: its own request (as
 parsed JSON) to the chat-completions body the rest of the gateway serves (messages in
 OpenAI's chat shape, function tools, sampling fields), plus the parameters to record and
-whatever its answer needs later. ``read_translated`` runs the parse, the translation and the
-chat validation on the event loop when the body is small and its schemas were checked
-before, else on a worker thread (as ``requests.read_request`` does for chat).
+whatever its answer needs later (Chat Completions' own translation is the body itself).
+``read_translated`` runs the parse, the translation and the chat validation on the event
+loop when the body is small and its schemas were checked before, else on a worker thread.
+An API without a chat request (Completions) reads its body with ``read_parsed``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
@@ -26,15 +26,13 @@ from art_core.gateway.requests import (
     MAX_IGNORED_NAMES,
     ChatRequest,
     PreparedCall,
-    _unchecked_schemas,
-    _validate_request,
     prepare_call,
+    unchecked_schemas,
+    validate_request,
 )
+from art_core.gateway.serving import Serving
 
-if TYPE_CHECKING:
-    from art_core.gateway.app import Gateway
-
-logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -54,42 +52,55 @@ class Translated:
 Translate = Callable[[dict[str, Any]], Translated]
 
 
+async def read_parsed(serving: Serving, request: Request, parse: Callable[[bytes], T]) -> T:
+    """The request's body, bounded by ``serving.max_body_bytes``, as ``parse`` reads it: on
+    the event loop when the body and its metadata header are small, else on a worker thread.
+
+    Example:
+        >>> parsed = await read_parsed(serving, request, parse_json_object)  # doctest: +SKIP
+    """
+    raw = await read_body(request, serving.max_body_bytes)
+    header = request.headers.get("x-art-metadata")
+    if len(raw) + len(header or "") > INLINE_BODY_BYTES:
+        return await asyncio.to_thread(parse, raw)
+    return parse(raw)
+
+
 async def read_translated(
-    gateway: Gateway, request: Request, translate: Translate
+    serving: Serving, request: Request, translate: Translate
 ) -> tuple[ChatRequest, Translated]:
     """The request's body, translated by ``translate`` and validated as a chat request.
     ``APIError`` (400) for a body or a translation that is wrong.
 
     Example:
-        >>> chat, translated = await read_translated(gateway, request, translate)  # doctest: +SKIP
+        >>> chat, translated = await read_translated(serving, request, translate)  # doctest: +SKIP
     """
-    raw = await read_body(request, gateway.max_body_bytes)
     header = request.headers.get("x-art-metadata")
+
+    def translated_only(raw: bytes) -> Translated:
+        return translate(parse_json_object(raw))
+
+    def validated(raw: bytes) -> tuple[ChatRequest, Translated]:
+        translated = translated_only(raw)
+        return _validate(serving, translated.chat, header), translated
+
+    raw = await read_body(request, serving.max_body_bytes)
     if len(raw) + len(header or "") > INLINE_BODY_BYTES:
-        return await asyncio.to_thread(_translate_and_validate, gateway, raw, header, translate)
-    payload = parse_json_object(raw)
-    translated = translate(payload)
-    if _unchecked_schemas(translated.chat, gateway.schema_checks):
-        chat = await asyncio.to_thread(_validate, gateway, translated.chat, header)
+        return await asyncio.to_thread(validated, raw)
+    translated = translated_only(raw)
+    if unchecked_schemas(translated.chat, serving.schema_checks):
+        chat = await asyncio.to_thread(_validate, serving, translated.chat, header)
     else:
-        chat = _validate(gateway, translated.chat, header)
+        chat = _validate(serving, translated.chat, header)
     return chat, translated
 
 
-def _translate_and_validate(
-    gateway: Gateway, raw: bytes, header: str | None, translate: Translate
-) -> tuple[ChatRequest, Translated]:
-    translated = translate(parse_json_object(raw))
-    return _validate(gateway, translated.chat, header), translated
-
-
-def _validate(gateway: Gateway, payload: dict[str, Any], header: str | None) -> ChatRequest:
-    return _validate_request(payload, header, gateway.schema_checks, gateway.max_metadata_bytes)
+def _validate(serving: Serving, payload: dict[str, Any], header: str | None) -> ChatRequest:
+    return validate_request(payload, header, serving.schema_checks, serving.max_metadata_bytes)
 
 
 async def prepare_translated(
-    gateway: Gateway,
-    request: Request,
+    serving: Serving,
     chat: ChatRequest,
     translated: Translated,
     *,
@@ -100,9 +111,9 @@ async def prepare_translated(
     served), rendered and checked; a token limit the context cannot hold is lowered to fit.
 
     Example:
-        >>> call = await prepare_translated(gateway, request, chat, t, api="responses", rollout_id=None)  # doctest: +SKIP
+        >>> call = await prepare_translated(serving, chat, t, api="responses", rollout_id=None)  # doctest: +SKIP
     """
-    served, adapter = await gateway.resolve(chat.chat.model)
+    served, adapter = await serving.resolve(chat.chat.model)
     return await prepare_call(
         served,
         adapter,
@@ -110,7 +121,7 @@ async def prepare_translated(
         rollout_id=rollout_id,
         api=api,
         request_params=translated.recorded,
-        sampling=gateway.rollout_sampling.get(rollout_id),
+        sampling=serving.rollout_sampling.get(rollout_id),
     )
 
 
@@ -131,30 +142,3 @@ def recorded_fields(
     if ignored:
         params["ignored_fields"] = ignored[:MAX_IGNORED_NAMES]
     return params
-
-
-# At most this many (API, field) pairs are remembered as logged, per gateway.
-MAX_LOGGED_IGNORED = 1024
-
-
-def log_ignored(gateway: Gateway, api: str, recorded: dict[str, Any]) -> None:
-    """Log, once per gateway, each field of ``api`` that was accepted and left out of the
-    prompt (``recorded["ignored_fields"]``, also kept in every call's record).
-
-    Example:
-        >>> log_ignored(gateway, "responses", {"ignored_fields": ["store"]})  # doctest: +SKIP
-    """
-    seen = gateway.ignored_fields_logged
-    new = [
-        name
-        for name in recorded.get("ignored_fields", ())
-        if (api, name) not in seen and len(seen) < MAX_LOGGED_IGNORED
-    ]
-    if new:
-        seen.update((api, name) for name in new)
-        logger.info(
-            "%s: accepted and left out of the prompt (recorded with each call as "
-            "request_params.ignored_fields): %s",
-            api,
-            ", ".join(new),
-        )

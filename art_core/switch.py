@@ -1,5 +1,6 @@
 """``ProcessSwitch``: one process-wide optional service, set under a lock, read from the
-environment once, closed at exit. Tracing's pipeline and metrics' W&B logger are each one.
+environment once, closed at exit. Tracing's pipeline and metrics' W&B logger are each one
+(so it lives below both ``tracing/`` and ``metrics/``), and ``env_flag`` reads their switches.
 
 Process-wide on purpose, like ``logging`` or OpenTelemetry's own provider: rollouts and train
 steps run in many tasks and threads (the gateway has its own loop) and must all see one switch.
@@ -10,12 +11,33 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
 
 logger = logging.getLogger("art_core.tracing")
 
 T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """A boolean environment variable: 1/true/yes/on or 0/false/no/off (case-insensitive).
+
+    Example:
+        >>> env_flag({"X": "on"}, "X", False), env_flag({}, "X", True)
+        (True, True)
+    """
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r}: expected one of 1/true/yes/on or 0/false/no/off")
 
 
 class ProcessSwitch(Generic[T]):

@@ -1,4 +1,5 @@
-"""A background thread that runs export work off the caller's event loop.
+"""A background thread that runs export work off the caller's event loop (tracing's exporters
+and metrics' loggers; below both ``tracing/`` and ``metrics/``).
 
 Rollouts hand their finished record to ``Worker.submit`` (a non-blocking put on a bounded
 queue) and go on; building span trees and talking to exporters happens here. When the

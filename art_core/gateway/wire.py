@@ -1,0 +1,54 @@
+"""The bytes of an answer: JSON bodies and server-sent events, as every API writes them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def completion_response(body: dict[str, Any]) -> Response:
+    """The JSON answer (orjson: ~10x faster than ``json`` on long token-id lists; a
+    non-finite logprob is written as ``null``).
+
+    Example:
+        >>> completion_response({"object": "chat.completion"}).body
+        b'{"object":"chat.completion"}'
+    """
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+def sse(payload: dict[str, Any]) -> str:
+    """One server-sent event.
+
+    Example:
+        >>> sse({"a": "é"}) == 'data: {"a":"é"}\\n\\n'
+        True
+    """
+    return f"data: {orjson.dumps(payload).decode()}\n\n"
+
+
+def named_event(kind: str, payload: dict[str, Any]) -> str:
+    """One server-sent event with its name (``event: KIND``), as Anthropic and the
+    Responses API send them.
+
+    Example:
+        >>> named_event("ping", {"type": "ping"})
+        'event: ping\\ndata: {"type":"ping"}\\n\\n'
+    """
+    return f"event: {kind}\ndata: {orjson.dumps(payload).decode()}\n\n"
+
+
+def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    """The streamed answer of ``events`` (``text/event-stream``, never cached).
+
+    Example:
+        >>> event_stream(stream_answer([prepared], encoder))  # doctest: +SKIP
+    """
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
