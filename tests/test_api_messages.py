@@ -595,20 +595,20 @@ async def _events(
 ) -> list[dict[str, Any]]:
     async def fake(
         calls: list[Any], texts: list[StreamedText]
-    ) -> AsyncIterator[TextDelta | Recorded]:
+    ) -> AsyncIterator[list[TextDelta] | Recorded]:
         sent = {"reasoning_content": "", "content": ""}
         for field_name, chunk in deltas:
             sent[field_name] += chunk
-            for delta in texts[0].advance(0, dict(sent)):
-                yield delta
+            yield texts[0].advance(0, dict(sent))
         if fail is not None:
             raise fail
         yield Recorded([[recorded]])
 
     monkeypatch.setattr(answering, "sampled_deltas", fake)
     events = []
-    async for chunk in messages_api.stream_events(answer):
-        kind, data = chunk.removesuffix("\n\n").split("\n")
+    stream = "".join([chunk async for chunk in messages_api.stream_events(answer)])
+    for text in stream.removesuffix("\n\n").split("\n\n"):
+        kind, data = text.split("\n")
         event = json.loads(data.removeprefix("data: "))
         assert kind == f"event: {event['type']}"
         events.append(event)

@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import logging
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
@@ -39,6 +40,7 @@ from art_core.engines.lora import LoraServer, UnsupportedAdapter
 from art_core.engines.packed import pack_linears, packing_supported
 from art_core.engines.prefix_cache import PrefixCache, default_prefix_cache_bytes
 from art_core.engines.sampling import RowSampling, sample_next_tokens, score_tokens
+from art_core.engines.step_times import StepTimes
 from art_core.engines.tokenizer import ChatTokenizer, load_chat_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -164,6 +166,8 @@ class TransformersEngine(ServesAdapters):
         self._wake: asyncio.Event | None = None
         self._model_lock: asyncio.Lock | None = None
         self._paused = False
+        # Where decode steps spend their time, when a benchmark asks (``step_times``).
+        self.step_times: StepTimes | None = None
         self._scheduler: asyncio.Task[None] | None = None
         # Work on the model that must not wait for a batch to end (loading an adapter while
         # serving): run by the torch thread between decode steps, or by the scheduler when
@@ -891,7 +895,12 @@ class TransformersEngine(ServesAdapters):
         rows = self._rows(batch)
         if not rows:
             return
+        times = self.step_times
+        clock = time.perf_counter
+        started = clock()
         state = self._prefill(rows)
+        if times is not None:
+            times.add("prefill", clock() - started)
         key = batch[0].adapter.name if batch[0].adapter else "base"
         on_cpu = self.device == "cpu"
         while True:
@@ -899,8 +908,10 @@ class TransformersEngine(ServesAdapters):
                 self._run_ops()  # e.g. a new adapter, between two steps
             if on_cpu:
                 follow_free_cores()  # fewer threads while other processes run
+            started = clock()
             next_ids = self._sample(state.logits, state.rows)
             sampled = next_ids.tolist()
+            recorded = clock()
             keep = [
                 j
                 for j, row in enumerate(state.rows)
@@ -912,9 +923,11 @@ class TransformersEngine(ServesAdapters):
                     if j not in kept and not row.pending.failed:
                         self._remember(state, j)
             state.select(keep)
+            stepped = clock()
             if keep:
                 self._use_rows(state.rows)
                 state.step(self.model, next_ids[keep], self._cache_keyword)
+            joining = clock()
             new_rows: list[_Row] = []
             while not new_rows and not self._paused:
                 newcomers = self._take_batch(key, self.max_batch_size - len(keep))
@@ -925,11 +938,20 @@ class TransformersEngine(ServesAdapters):
             if new_rows:
                 fresh = self._prefill(new_rows)
                 state = state.merge(fresh) if keep else fresh
-            elif not keep:
+            if times is not None:
+                times.add("sample", recorded - started)  # less logprobs and grammar (below)
+                times.add("record", stepped - recorded)
+                times.add("forward", joining - stepped)
+                if new_rows:
+                    times.add("join", clock() - joining)
+            if not new_rows and not keep:
                 return
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         """One token per row, honouring each row's own sampling parameters and grammar."""
+        times = self.step_times
+        clock = time.perf_counter
+        started = clock()
         settings = []
         for row in rows:
             allowed = None
@@ -947,13 +969,19 @@ class TransformersEngine(ServesAdapters):
                     allowed=allowed,
                 )
             )
+        masked = clock()
         tokens, logprobs = sample_next_tokens(logits, settings)
+        scoring = clock()
         chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
         for j, row in enumerate(rows):
             row.logprobs.append(chosen[j])
             if row.params.top_logprobs > 0:
                 top = torch.topk(logprobs[j], row.params.top_logprobs)
                 row.top.append(list(zip(top.indices.tolist(), top.values.tolist(), strict=True)))
+        if times is not None:
+            # Counted inside "sample" by the loop: taken out of it again there.
+            times.add("grammar", masked - started)
+            times.add("logprobs", clock() - scoring)
         return tokens
 
     @staticmethod

@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from art_core.gateway.recording import sample_and_record
+from art_core.gateway.relay import TokenInbox
 from art_core.gateway.requests import PreparedCall
 from art_core.trajectories import LLMCall
 
@@ -84,44 +84,51 @@ class StreamedText:
 
 async def sampled_deltas(
     calls: list[PreparedCall], texts: list[StreamedText]
-) -> AsyncIterator[TextDelta | Recorded]:
-    """Sample and record ``calls`` side by side, yielding each choice's text deltas as they
-    come (``texts[i]`` keeps what was sent of call ``i``) and then ``Recorded``. The sampling
+) -> AsyncIterator[list[TextDelta] | Recorded]:
+    """Sample and record ``calls`` side by side, yielding the text deltas of the tokens
+    sampled since last time, as they come (``texts[i]`` keeps what was sent of call ``i``),
+    and then ``Recorded``. The sampling
     and recording are not cancelled by a consumer that stops early (a client that hangs up):
     they go on and the calls are recorded. A call that fails is in ``Recorded.failure``.
+
+    Tokens that arrive while the consumer is busy (sending the last deltas) are taken
+    together: each choice's text is decoded once per batch, not once per token, and the
+    batch's deltas come as one list (one write to the client).
 
     Example:
         >>> async for item in sampled_deltas([prepared], [StreamedText(1)]):  # doctest: +SKIP
         ...     print(item)
     """
+    inbox = TokenInbox()
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[int, int, list[int]]] = asyncio.Queue()
-
-    def listener(i: int) -> Any:
-        def on_tokens(choice: int, ids: list[int]) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (i, choice, ids))
-
-        return on_tokens
-
     tasks = [
-        call.served.start_sampling(sample_and_record(call, on_tokens=listener(i)))
+        call.served.start_sampling(
+            sample_and_record(call, on_tokens=call.served.token_relay(loop).listener(inbox, i))
+        )
         for i, call in enumerate(calls)
     ]
+    for task in tasks:
+        task.add_done_callback(lambda _: inbox.ready.set())
     sampled: dict[tuple[int, int], list[int]] = {}
-    while not all(task.done() for task in tasks) or not queue.empty():
-        getter = asyncio.ensure_future(queue.get())
-        pending = {task for task in tasks if not task.done()}
-        done, _ = await asyncio.wait({getter, *pending}, return_when=asyncio.FIRST_COMPLETED)
-        if getter not in done:
-            getter.cancel()
+    while True:
+        items = inbox.take()
+        if not items:
+            # A call's tokens are all put before it finishes: nothing more will come.
+            if all(task.done() for task in tasks):
+                break
+            await inbox.ready.wait()
             continue
-        i, choice, ids = getter.result()
-        so_far = sampled.setdefault((i, choice), [])
-        so_far.extend(ids)
-        now = calls[i].reader.streamed(calls[i], so_far)
-        if now is not None:
-            for delta in texts[i].advance(choice, now):
-                yield delta
+        touched: dict[tuple[int, int], None] = {}  # in arrival order
+        for i, choice, ids in items:
+            sampled.setdefault((i, choice), []).extend(ids)
+            touched[(i, choice)] = None
+        deltas = []
+        for i, choice in touched:
+            now = calls[i].reader.streamed(calls[i], sampled[(i, choice)])
+            if now is not None:
+                deltas += texts[i].advance(choice, now)
+        if deltas:
+            yield deltas
     failures = [task.exception() for task in tasks]
     yield Recorded(
         [

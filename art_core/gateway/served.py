@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from art_core.engines.base import Engine
 from art_core.engines.tokenizer import ChatTokenizer
 from art_core.gateway.prompts import PromptBuilder
+from art_core.gateway.relay import TokenRelay
 from art_core.gateway.store import CallStore
 
 
@@ -31,6 +33,9 @@ class ServedModel:
     # reading, not the sampling and the recording (the event loop keeps only weak
     # references to tasks).
     sampling: set[asyncio.Task[Any]] = field(init=False, default_factory=set)
+    _relays: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, TokenRelay] = field(
+        init=False, default_factory=weakref.WeakKeyDictionary, repr=False
+    )
 
     def __post_init__(self) -> None:
         self.prompts = PromptBuilder(
@@ -40,6 +45,14 @@ class ServedModel:
     @property
     def tokenizer(self) -> Any:
         return self.chat.tokenizer
+
+    def token_relay(self, loop: asyncio.AbstractEventLoop) -> TokenRelay:
+        """The relay of this model's streamed tokens to ``loop`` (one per loop: a model may
+        be served by gateways on several loops)."""
+        relay = self._relays.get(loop)
+        if relay is None:
+            relay = self._relays[loop] = TokenRelay(loop)
+        return relay
 
     def start_sampling(self, coroutine: Any) -> asyncio.Task[Any]:
         """``coroutine`` as a task kept referenced until it is done."""

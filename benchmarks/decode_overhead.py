@@ -1,0 +1,230 @@
+"""Decoding through the gateway against the engine alone, and where a decode step goes.
+
+For 1, 8 and 32 concurrent requests of ``--max-tokens`` tokens (tiny-random by default: its
+forward pass costs about a millisecond, so per-step overhead shows as it does on a GPU), it
+prints decode tokens/s of:
+
+- ``engine``: the same requests handed to the engine directly (``engine.generate``);
+- ``gateway``: chat completions over HTTP on loopback, from a client in its own process
+  (``_decode_client.py``, raw keep-alive HTTP: an agent's process, not ours, parses);
+- ``streamed``: the same with ``stream: true`` (server-sent events);
+
+the ratio to the engine alone (goal: >= 0.9 at 1, 8 and 32 rows), and per decode step, in
+milliseconds: the forward pass, sampling, logprobs, grammar masks, recording the sampled
+tokens (with the streaming callbacks), rows joining a running batch and their prefill
+(``TransformersEngine.step_times``), then the CPU time of the engine's thread and of the
+gateway's event-loop thread (HTTP, validation, prompts, the stream loop, recording). The
+median of ``--repeats`` runs, interleaved.
+
+Usage: bash run.sh bench decode_overhead [--base-model tiny-random] [--max-tokens 64]
+                                         [--repeats 5] [--rows 1,8,32]
+       bash run.sh bench decode_overhead --smoke   (2 rows of 8 tokens, one run each)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from _machine import machine_line
+
+import art_core as art
+from art_core.engines.base import GenerationRequest, SamplingParams
+from art_core.engines.step_times import StepTimes
+
+CLIENT = Path(__file__).with_name("_decode_client.py")
+PATHS = ("engine", "gateway", "streamed")
+PARTS = ("forward", "sampling", "logprobs", "grammar", "record", "join", "prefill")
+GOAL = 0.9
+
+
+@dataclass
+class Run:
+    """One measured run: tokens/s and the per-step split."""
+
+    tokens_per_s: float
+    steps: int
+    parts_ms: dict[str, float]  # per step
+    engine_cpu_ms: float  # per step
+    loop_cpu_ms: float  # per step
+
+
+@dataclass
+class Cell:
+    runs: list[Run] = field(default_factory=list)
+
+    def median(self) -> Run:
+        ordered = sorted(self.runs, key=lambda r: r.tokens_per_s)
+        return ordered[len(ordered) // 2]
+
+
+def thread_cpu(*name_prefixes: str) -> Callable[[], float]:
+    """The CPU seconds of the running thread whose name starts with one of
+    ``name_prefixes``."""
+    thread = next(t for t in threading.enumerate() if t.name.startswith(name_prefixes))
+    assert thread.ident is not None
+    clock = time.pthread_getcpuclockid(thread.ident)
+    return lambda: time.clock_gettime(clock)
+
+
+class Client:
+    """A ``_decode_client.py`` process holding ``rows`` warm connections."""
+
+    def __init__(self, port: int, model: str, rows: int, max_tokens: int, stream: bool) -> None:
+        args = [str(port), model, str(rows), str(max_tokens), "stream" if stream else "json"]
+        self.process = subprocess.Popen(
+            [sys.executable, str(CLIENT), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None and self.process.stdin is not None
+        self.stdin, self.stdout = self.process.stdin, self.process.stdout
+        if self.stdout.readline().strip() != "ready":
+            raise RuntimeError("the load client did not start")
+
+    def run(self) -> tuple[float, int]:
+        self.stdin.write("go\n")
+        self.stdin.flush()
+        result = json.loads(self.stdout.readline())
+        return result["seconds"], result["tokens"]
+
+    def close(self) -> None:
+        self.stdin.close()
+        self.process.wait(timeout=30)
+
+
+async def measure(
+    times: StepTimes,
+    engine_cpu: Callable[[], float],
+    loop_cpu: Callable[[], float],
+    run: Callable[[], Awaitable[tuple[float, int]]],
+) -> Run:
+    times.clear()
+    engine0, loop0 = engine_cpu(), loop_cpu()
+    seconds, tokens = await run()
+    steps = max(1, times.counts["forward"])
+    parts = {part: 1000 * times.seconds[part] / steps for part in PARTS}
+    # The loop times sampling with its grammar masks and logprobs; shown apart.
+    parts["sampling"] = 1000 * times.seconds["sample"] / steps - parts["logprobs"]
+    parts["sampling"] -= parts["grammar"]
+    return Run(
+        tokens / seconds,
+        steps,
+        parts,
+        1000 * (engine_cpu() - engine0) / steps,
+        1000 * (loop_cpu() - loop0) / steps,
+    )
+
+
+async def main(args: argparse.Namespace) -> None:
+    print(machine_line())
+    levels = [int(x) for x in args.rows.split(",")]
+    with tempfile.TemporaryDirectory() as folder:
+        async with art.LocalBackend(path=folder) as backend:
+            model = art.TrainableModel(name="bench", project="decode", base_model=args.base_model)
+            await model.register(backend)
+            served = backend.gateway.models[model.name]
+            engine: Any = served.engine
+            times = engine.step_times = StepTimes()
+            messages = [
+                {"role": "user", "content": "Write a long story about a lighthouse keeper."}
+            ]
+            prompt = served.prompts.build(messages, None, [], None)
+            port = backend.server.port
+            engine_cpu, loop_cpu = thread_cpu("art-torch", "art-engine"), thread_cpu("art-gateway")
+
+            async def engine_alone(rows: int) -> tuple[float, int]:
+                requests = [
+                    GenerationRequest(
+                        list(prompt),
+                        SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=i),
+                    )
+                    for i in range(rows)
+                ]
+                started = time.perf_counter()
+                results = await asyncio.gather(*(engine.generate(r) for r in requests))
+                seconds = time.perf_counter() - started
+                return seconds, sum(len(r[0].token_ids) for r in results)
+
+            cells: dict[tuple[int, str], Cell] = {}
+            for rows in levels:
+                clients = {
+                    path: Client(port, model.name, rows, args.max_tokens, path == "streamed")
+                    for path in PATHS[1:]
+                }
+                await engine_alone(rows)  # warm: this batch shape
+                try:
+                    for _ in range(args.repeats):
+                        for path in PATHS:
+                            if path == "engine":
+                                run = await measure(
+                                    times, engine_cpu, loop_cpu, lambda r=rows: engine_alone(r)
+                                )
+                            else:
+                                client = clients[path]
+                                run = await measure(
+                                    times,
+                                    engine_cpu,
+                                    loop_cpu,
+                                    lambda c=client: asyncio.to_thread(c.run),
+                                )
+                            cells.setdefault((rows, path), Cell()).runs.append(run)
+                finally:
+                    for client in clients.values():
+                        client.close()
+            print_table(cells, levels, args)
+
+
+def print_table(cells: dict[tuple[int, str], Cell], levels: list[int], args: Any) -> None:
+    print(
+        f"\n{args.base_model}, {args.max_tokens} tokens a request, median of {args.repeats} "
+        "interleaved runs; per decode step in ms"
+    )
+    head = ["rows", "path", "tok/s", "vs engine", *PARTS, "engine CPU", "loop CPU"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    worst = float("inf")
+    for rows in levels:
+        base = statistics.median(r.tokens_per_s for r in cells[(rows, "engine")].runs)
+        for path in PATHS:
+            run = cells[(rows, path)].median()
+            ratio = run.tokens_per_s / base
+            if path == "gateway":
+                worst = min(worst, ratio)
+            parts = [f"{run.parts_ms[p]:.2f}" for p in PARTS]
+            print(
+                f"| {rows} | {path} | {run.tokens_per_s:,.0f} | {ratio:.2f}x | "
+                + " | ".join(parts)
+                + f" | {run.engine_cpu_ms:.2f} | {run.loop_cpu_ms:.2f} |"
+            )
+    verdict = "meets" if worst >= GOAL else "misses"
+    print(f"\ngateway (not streamed) at worst {worst:.2f}x the engine alone: {verdict} {GOAL}x")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-model", default="tiny-random")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rows", default="1,8,32", help="concurrent requests, comma-separated")
+    parser.add_argument("--smoke", action="store_true", help="2 rows of 8 tokens, one run")
+    args = parser.parse_args()
+    if args.smoke:
+        args.max_tokens, args.repeats, args.rows = 8, 1, "2"
+    return args
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
