@@ -207,6 +207,11 @@ gpu_check() {
   if [ "$cuda" = 1 ]; then
     gpu_step "benchmarks/gpu.py" "$out/bench.log" "$py" benchmarks/gpu.py --out "$out" \
       --work "$work" --budget-s "${ART_GPU_BUDGET_S:-300}"
+    # Where a decode step goes through the gateway against the engine alone, with a
+    # torch.profiler trace at 1 and 32 rows (issue 51's first question), on the same model.
+    gpu_step "benchmarks/decode_overhead.py" "$out/decode_overhead.txt" "$py" \
+      benchmarks/decode_overhead.py --base-model "$work/models/qwen2.5-0.5b" --max-tokens 128 \
+      --repeats 3 --profile "$out/profile"
     # The prefix cache on the 0.5B-shaped model benchmarks/gpu.py built (no vLLM there).
     gpu_step "benchmarks/prefix_cache.py" "$out/prefix_cache.txt" "$py" \
       benchmarks/prefix_cache.py --base-model "$work/models/qwen2.5-0.5b" --no-vllm
@@ -215,6 +220,8 @@ gpu_check() {
       tee -a "$summary"
     gpu_step "benchmarks/gpu.py --smoke" "$out/bench.log" "$py" benchmarks/gpu.py --smoke \
       --out "$out" --work "$work"
+    gpu_step "benchmarks/decode_overhead.py --smoke" "$out/decode_overhead.txt" "$py" \
+      benchmarks/decode_overhead.py --smoke --profile "$out/profile"
     gpu_step "benchmarks/prefix_cache.py --smoke" "$out/prefix_cache.txt" "$py" \
       benchmarks/prefix_cache.py --smoke
   fi

@@ -16,8 +16,14 @@ tokens (with the streaming callbacks), rows joining a running batch and their pr
 gateway's event-loop thread (HTTP, validation, prompts, the stream loop, recording). The
 median of ``--repeats`` runs, interleaved.
 
+On a GPU (``bash run.sh gpu-check`` runs it on the 0.5B-shaped model) the split waits for
+the device at each mark, so each part is charged its own kernels. ``--profile DIR`` also
+writes a ``torch.profiler`` trace of one gateway run at the smallest and the largest level
+(``DIR/trace-gateway-ROWS.json``, Chrome's trace format, and the top operators by self time
+in ``DIR/ops-gateway-ROWS.txt``).
+
 Usage: bash run.sh bench decode_overhead [--base-model tiny-random] [--max-tokens 64]
-                                         [--repeats 5] [--rows 1,8,32]
+                                         [--repeats 5] [--rows 1,8,32] [--profile DIR]
        bash run.sh bench decode_overhead --smoke   (2 rows of 8 tokens, one run each)
 """
 
@@ -185,6 +191,37 @@ async def main(args: argparse.Namespace) -> None:
                     for client in clients.values():
                         client.close()
             print_table(cells, levels, args)
+            if args.profile:
+                for rows in sorted({levels[0], levels[-1]}):
+                    client = Client(port, model.name, rows, args.max_tokens, stream=False)
+                    try:
+                        await profiled(engine, client, Path(args.profile), rows)
+                    finally:
+                        client.close()
+
+
+async def profiled(engine: Any, client: Client, folder: Path, rows: int) -> None:
+    """One gateway run under ``torch.profiler``, started on the engine's model thread (the
+    profiler sees the torch calls of the thread it starts on; the gateway's loop makes none,
+    its time shows as the gaps between steps), its trace and top operators into ``folder``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+    trace = profile(activities=activities)
+    await engine.run_in_model_thread(trace.start)
+    try:
+        seconds, tokens = await asyncio.to_thread(client.run)
+    finally:
+        await engine.run_in_model_thread(trace.stop)
+    await asyncio.to_thread(trace.export_chrome_trace, str(folder / f"trace-gateway-{rows}.json"))
+    table = trace.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+    header = f"{rows} rows through the gateway: {tokens} tokens in {seconds:.3f} s\n"
+    await asyncio.to_thread((folder / f"ops-gateway-{rows}.txt").write_text, header + table)
+    print(f"profile of {rows} rows: {folder / f'trace-gateway-{rows}.json'}")
 
 
 def print_table(cells: dict[tuple[int, str], Cell], levels: list[int], args: Any) -> None:
@@ -219,6 +256,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", default="1,8,32", help="concurrent requests, comma-separated")
+    parser.add_argument("--profile", help="a folder for torch.profiler traces of the gateway")
     parser.add_argument("--smoke", action="store_true", help="2 rows of 8 tokens, one run")
     args = parser.parse_args()
     if args.smoke:

@@ -251,6 +251,16 @@ class TransformersEngine(ServesAdapters):
             self._worker.shutdown(wait=False)
             self._worker = None
 
+    async def run_in_model_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the thread the model runs on, between two batches: what must see
+        the engine's own torch calls (a profiler) starts there.
+
+        Example:
+            >>> await engine.run_in_model_thread(torch.get_num_threads)  # doctest: +SKIP
+            2
+        """
+        return await self._in_worker(fn, *args)
+
     async def _in_worker(self, fn: Any, *args: Any) -> Any:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-engine")
@@ -896,7 +906,7 @@ class TransformersEngine(ServesAdapters):
         if not rows:
             return
         times = self.step_times
-        clock = time.perf_counter
+        clock = self._step_clock()
         started = clock()
         state = self._prefill(rows)
         if times is not None:
@@ -947,10 +957,23 @@ class TransformersEngine(ServesAdapters):
             if not new_rows and not keep:
                 return
 
+    def _step_clock(self) -> Callable[[], float]:
+        """The clock of ``step_times``: on a GPU it waits for the device first (only while
+        a benchmark measures), so each part is charged its own kernels rather than the next
+        part that reads a result."""
+        if self.step_times is not None and self.device.startswith("cuda"):
+
+            def synchronized() -> float:
+                torch.cuda.synchronize()
+                return time.perf_counter()
+
+            return synchronized
+        return time.perf_counter
+
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         """One token per row, honouring each row's own sampling parameters and grammar."""
         times = self.step_times
-        clock = time.perf_counter
+        clock = self._step_clock()
         started = clock()
         settings = []
         for row in rows:
