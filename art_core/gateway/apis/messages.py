@@ -747,10 +747,8 @@ class MessagesEncoder:
     def finished(self, recorded: list[list[LLMCall]], texts: list[StreamedText]) -> Iterable[str]:
         (choices,), (text,) = recorded, texts
         call = choices[0]
-        rest = text.rest(call)
-        for field_name in ("reasoning_content", "content"):
-            if rest.get(field_name):
-                yield from self.text(field_name, rest[field_name])
+        for field_name, rest in text.rest(call).items():  # reasoning first, as written
+            yield from self.text(field_name, rest)
         uses = self.answer.tool_uses(call)
         if "text" not in self.blocks and not uses:
             yield from self.start("text", {"type": "text", "text": ""})

@@ -937,10 +937,8 @@ class ResponsesEncoder:
     def finished(self, recorded: list[list[LLMCall]], texts: list[StreamedText]) -> Iterable[str]:
         (choices,), (text,) = recorded, texts
         call = choices[0]
-        rest = text.rest(call)
-        for field_name in ("reasoning_content", "content"):
-            if rest.get(field_name):
-                yield from self.text(field_name, rest[field_name])
+        for field_name, rest in text.rest(call).items():  # reasoning first, as written
+            yield from self.text(field_name, rest)
         if self.opened is None and not self.output and not call.response_message.get("tool_calls"):
             yield from self.open_item("message")
         yield from self.close()

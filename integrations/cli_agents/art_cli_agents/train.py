@@ -15,7 +15,6 @@ diagnoses the backend returns (``art_core.diagnoses``).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from art_cli_agents.sandbox import Filesystem, Limits, Network
 from art_cli_agents.tasks import task_name
 from art_core.diagnoses import Diagnosis, RunDiagnoses
 from art_core.epochs import items_for_step
+from art_core.overrides import with_overrides
 
 # Validation defaults to this many of the training tasks (the first ones).
 DEFAULT_VAL_TASKS = 8
@@ -368,10 +368,7 @@ def train_settings(
         >>> train_settings(steps=3).steps
         3
     """
-    unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(CLITrainSettings)})
-    if unknown:
-        raise TypeError(f"train() got unexpected keyword arguments: {', '.join(unknown)}")
-    return dataclasses.replace(options or CLITrainSettings(), **kwargs)
+    return with_overrides(options or CLITrainSettings(), kwargs, caller="train()")
 
 
 async def train(

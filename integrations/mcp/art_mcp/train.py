@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 import art_core as art
 from art_core.diagnoses import Diagnosis, RunDiagnoses
 from art_core.epochs import items_for_step
+from art_core.overrides import with_overrides
 from art_mcp.report import ValSummary, before_after_table
 from art_mcp.rollout import RewardFn, RolloutSettings, rollout
 from art_mcp.scenarios import Scenario
@@ -310,10 +311,7 @@ def train_settings(
         >>> train_settings(steps=3).steps
         3
     """
-    unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(MCPTrainSettings)})
-    if unknown:
-        raise TypeError(f"train() got unexpected keyword arguments: {', '.join(unknown)}")
-    return dataclasses.replace(options or MCPTrainSettings(), **kwargs)
+    return with_overrides(options or MCPTrainSettings(), kwargs, caller="train()")
 
 
 async def train(
