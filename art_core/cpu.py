@@ -25,6 +25,7 @@ import math
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,21 @@ def _cgroup_cpu_limit() -> float | None:
         return quota_us / period_us if quota_us > 0 and period_us > 0 else None
     except (OSError, ValueError):
         return None
+
+
+@dataclass(frozen=True)
+class CoreSplit:
+    """How sampling and training share this process's ``cores`` when they run side by side:
+    the CPU threads each side gets.
+
+    Example:
+        >>> CoreSplit(cores=8, sampler_threads=4, trainer_threads=4).trainer_threads
+        4
+    """
+
+    cores: int
+    sampler_threads: int
+    trainer_threads: int
 
 
 def cpu_budget() -> int:

@@ -10,8 +10,9 @@ SmolLM2-135M-Instruct, the same prompts, group size, LoRA shape and learning rat
   adapter served while the trainer trains on its share of the cores; groups more than
   ``--max-steps-off-policy`` steps old are dropped; truncated importance sampling on);
 - **pipeline default**: ``art.PipelineTrainer()`` as a user gets it (``overlap=None``): it
-  measures a lock-step and an overlapped step on its first steps and keeps the faster; the
-  table says what it chose and why.
+  trains its first steps lock-step, predicts from their split (sampling and training, wall
+  and CPU seconds) whether overlap would at least double the rate of steps, and tries it only
+  then; the table says what it chose and why.
 
 Both are measured the same way, from the rollouts themselves: every finished rollout's reward
 and time is recorded; the *train reward* is the mean over the last ``--window`` finished
@@ -220,7 +221,7 @@ async def pipelined(args: argparse.Namespace, workdir: Path, overlap: bool | Non
         )
         if overlap is None:
             run.choice = trainer.overlap_reason or (
-                f"still measuring after {run.steps} steps (it chooses after {2 * PROBE_STEPS})"
+                f"still measuring after {run.steps} steps (it decides after {PROBE_STEPS})"
             )
     return run
 
@@ -305,7 +306,7 @@ def main() -> None:
         args.model, args.group_size, args.groups_per_step, args.max_tokens = "tiny-random", 2, 2, 8
         args.flat_scenarios = args.groups_per_step
         args.target, args.window = 0.0, 3 * args.group_size * args.groups_per_step
-        # 5 steps: past the default pipeline's choice (after 2 * PROBE_STEPS) when the target
+        # 5 steps: past the default pipeline's choice (after PROBE_STEPS) when the target
         # does not stop it first.
         args.max_steps, args.max_seconds = 5, 30.0
     asyncio.run(main_async(args))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from art_core.backends.base import BackendBase, ProgressCallback
 from art_core.backends.s3 import SyncReport, pull_model_folder, push_model_folder
 from art_core.chat_formats import chat_format_settings
-from art_core.cpu import cpu_budget
+from art_core.cpu import CoreSplit, cpu_budget
 from art_core.diagnoses import diagnose
 from art_core.embedded import resolve_base_model
 from art_core.engines.base import Engine
@@ -68,6 +68,9 @@ class _Registered:
     train_thread: ThreadPoolExecutor | None = None
     # The model thread's CPU threads before they were split with ``train_thread``.
     threads_before_split: int | None = None
+    # How sampling and training share this process's cores while overlapped (None: the
+    # engine samples in another process, or nothing is split yet).
+    core_split: CoreSplit | None = None
     train_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The cancel event of the step running now (``cancel_training``); None between steps.
     cancel: threading.Event | None = None
@@ -519,10 +522,14 @@ class LocalBackend(BackendBase):
         if result.nothing_trained is None and result.checkpoint_path is not None:
             await self.server.call(engine.load_adapter(Path(result.checkpoint_path), result.step))
 
-    def prepare_serve_while_training(self, model: TrainableModel) -> None:
+    def prepare_serve_while_training(self, model: TrainableModel) -> CoreSplit | None:
         """Set up training while serving for ``model`` now (the thread and the CPU split);
-        ``ValueError`` where sampling and training would share one device."""
-        self._train_thread(self._entry(model))
+        ``ValueError`` where sampling and training would share one device. Returns how the
+        two share this process's cores, or None where the engine samples in another process
+        (its CPU time is not this process's)."""
+        entry = self._entry(model)
+        self._train_thread(entry)
+        return entry.core_split
 
     def _train_thread(self, entry: _Registered) -> ThreadPoolExecutor:
         """The thread that trains while the engine serves, the CPU threads split between them.
@@ -559,6 +566,7 @@ class LocalBackend(BackendBase):
         if in_process:
             entry.threads_before_split = entry.torch_thread.submit(use_cpu_threads).result()
             entry.torch_thread.submit(use_cpu_threads, budget - trainer_threads).result()
+            entry.core_split = CoreSplit(budget, budget - trainer_threads, trainer_threads)
         entry.train_thread = pool
         return pool
 

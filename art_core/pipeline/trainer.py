@@ -17,12 +17,17 @@ Staleness is bounded and corrected, not hidden:
   was dropped (stale, no signal).
 
 Overlap is not free: on one machine the sampler and the trainer split its cores, and each
-runs slower on its share. Whether that pays depends on the machine (an AMX Xeon gained 1.66x
-to the same reward, a 2-core EPYC lost half its speed). So by default (``overlap=None``) the
-pipeline measures instead of assuming: it trains its first ``2 * PROBE_STEPS`` steps half
-lock-step (the engine paused, each side on every core in turn) and half overlapped, compares
-the steady period of a step in each (``choose_overlap``), says which it chose and why, and
-keeps to it. ``overlap=True`` / ``False`` fixes the mode.
+runs slower on its share; and every group an overlapped step trains is a step older. So by
+default (``overlap=None``) the pipeline trains its first ``PROBE_STEPS`` steps lock-step,
+splits the last one into sampling and training (wall and CPU seconds), and tries overlap
+only where that split predicts at least ``OVERLAP_MIN_SPEEDUP`` faster steps, keeping it only
+if the measured overlapped step confirms it (``pipeline/overlap.py``); it says which it
+chose and why. ``overlap=True`` / ``False`` fixes the mode.
+
+No group is started that would be stale before it trains: a worker starts a group only for
+the batch being filled (lock-step: every group is sampled by the policy it trains), or,
+overlapped with ``max_steps_off_policy >= 1``, for the next batch while this one trains. A
+group that fails or is dropped (no signal, stale) is replaced.
 
 The pipeline's position (which scenarios are done) is saved after every step, so a restarted
 pipeline continues at its latest checkpoint and the next scenario.
@@ -44,7 +49,14 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from art_core.backends.base import Backend
+from art_core.cpu import CoreSplit
 from art_core.files import atomic_write_text
+from art_core.pipeline.overlap import (
+    PROBE_STEPS,
+    StepSplit,
+    choose_overlap,
+    predicted_choice,
+)
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -55,37 +67,13 @@ logger = logging.getLogger(__name__)
 RolloutFn = Callable[..., Awaitable[Trajectory | TrajectoryGroup]]
 EvalFn = Callable[..., Any]
 STATE_VERSION = 1
-# Steps trained in each mode before the choice; the last of each is measured (the first one
-# after a switch still carries the other mode's queue).
-PROBE_STEPS = 2
-# Overlap must beat lock-step by this share to be chosen: it also trains on staler groups.
-OVERLAP_MIN_GAIN = 0.05
-
-
-def choose_overlap(lock_step_s: float, overlapped_s: float) -> tuple[bool, str]:
-    """Whether to overlap sampling and training, from the measured period of one step in each
-    mode (seconds from the end of one trained step to the end of the next); and why.
-
-    Overlap pays when the step's period with sampling and training side by side, each on its
-    share of the device, is shorter than their sum in turn, each on all of it. Where the
-    trainer's share of a step is small, or splitting the cores slows the sampler more than
-    the overlap saves, it does not.
-
-    Example:
-        >>> choose_overlap(10.0, 7.0)[0], choose_overlap(10.0, 12.0)[0]
-        (True, False)
-    """
-    if not (lock_step_s > 0 and overlapped_s > 0):
-        raise ValueError(f"periods must be > 0, got {lock_step_s} and {overlapped_s}")
-    ratio = lock_step_s / overlapped_s
-    figures = f"a step takes {lock_step_s:.2f} s lock-step, {overlapped_s:.2f} s overlapped"
-    if overlapped_s < lock_step_s * (1 - OVERLAP_MIN_GAIN):
-        return True, f"overlap pays here ({figures}: {ratio:.2f}x): training while sampling"
-    return False, (
-        f"overlap cannot pay here ({figures}: {ratio:.2f}x; splitting the device slows each "
-        "side more than running them side by side saves): training lock-step "
-        "(PipelineTrainer(overlap=True) overlaps anyway)"
-    )
+__all__ = [
+    "PROBE_STEPS",
+    "PipelineState",
+    "PipelineTrainer",
+    "choose_overlap",
+    "make_group_rollout_fn",
+]
 
 
 def make_group_rollout_fn(single_rollout_fn: RolloutFn, n: int = 4) -> RolloutFn:
@@ -170,10 +158,10 @@ class PipelineTrainer:
       whose rewards were all equal and so were dropped: a solved (or hopeless) task on
       endless scenarios would otherwise wait forever for a group to train on (None: wait);
     - ``resume``: continue from the saved position (``pipeline_state.json``);
-    - ``overlap``: ``None`` (default) measures both modes on the first steps and keeps the
-      faster (see the module's docstring); ``True`` trains while the engine serves on its
-      own share of the device; ``False`` trains lock-step (the engine paused during a step,
-      each side on the whole device in turn; workers still queue groups between steps).
+    - ``overlap``: ``None`` (default) decides from the split of its first lock-step steps
+      (see the module's docstring); ``True`` trains while the engine serves on its own share
+      of the device; ``False`` trains lock-step (the engine paused during a step, each side
+      on the whole device in turn).
 
     Example:
         >>> trainer = art.PipelineTrainer(model, rollout, scenarios, group_size=8,
@@ -255,8 +243,22 @@ class PipelineTrainer:
         # The mode chosen by measuring (overlap=None), and why; None until chosen.
         self.overlap_chosen: bool | None = None
         self.overlap_reason: str | None = None
-        # Measured step periods (seconds) by mode, while choosing.
+        # Measured step periods (seconds) by mode, while choosing; the last lock-step split.
         self._periods: dict[bool, list[float]] = {False: [], True: []}
+        self._split: StepSplit | None = None
+        self._overlap_predicted = False
+        # How sampling and training share this process's cores when overlapped (None: the
+        # sampler runs elsewhere); from the backend.
+        self._core_split: CoreSplit | None = None
+        # Starting groups (see the module's docstring): a worker takes a ticket per group.
+        # ``_backlog``: groups started and not yet taken off the queue by the trainer;
+        # ``_filling``: groups already in the batch being assembled.
+        self._tickets = asyncio.Semaphore(0)
+        self._open_tickets = 0
+        self._backlog = 0
+        self._filling = 0
+        self._stream_done = False
+        self._hold = False  # True while a step trains that no new group may sample beside
 
     @staticmethod
     def _train_config(
@@ -339,17 +341,26 @@ class PipelineTrainer:
         queue: asyncio.Queue[_Sampled | None],
     ) -> None:
         while True:
-            async with stream_lock:
-                item = await anext(stream, None)
-            if item is None:
+            await self._tickets.acquire()  # a group the next batches need (see _top_up)
+            self._open_tickets -= 1
+            if not self._stream_done:
+                async with stream_lock:
+                    item = await anext(stream, None)
+                self._stream_done = item is None
+            if self._stream_done:
+                self._release(1)  # wakes the next waiting worker: it ends too
                 return
+            assert item is not None
             index, scenario = item
+            self._backlog += 1
             try:
                 group = await self._run_group(scenario)
-            except Exception as exc:  # a group that failed as a whole: counted, skipped
+            except Exception as exc:  # a group that failed as a whole: counted, replaced
                 logger.warning("scenario %d failed: %s: %s", index, type(exc).__name__, exc)
                 self.state.failed_groups += 1
                 self.state.mark_done(index)
+                self._backlog -= 1
+                self._top_up()
                 continue
             steps = [c.adapter_step for t in group.trajectories for c in t.calls]
             oldest = min(steps) if steps else await self._backend().get_step(self.model)
@@ -357,6 +368,21 @@ class PipelineTrainer:
             self.state.rollouts += rollouts
             self._sampled += rollouts
             await queue.put(_Sampled(group, index, oldest, rollouts))
+
+    def _release(self, tickets: int) -> None:
+        self._open_tickets += tickets
+        for _ in range(tickets):
+            self._tickets.release()
+
+    def _top_up(self) -> None:
+        """Let workers start as many groups as the batch being filled still needs, counting
+        those running or queued (and, between batches, the next batch's), unless a step
+        trains beside which a new group would go stale."""
+        if self._hold:
+            return
+        self._release(
+            max(0, self.groups_per_step - self._filling - self._backlog - self._open_tickets)
+        )
 
     # ------------------------------------------------------------------------------ training
     async def _next_batch(
@@ -371,20 +397,24 @@ class PipelineTrainer:
             if item is None:  # every worker is done: leave the mark for the next call
                 queue.put_nowait(None)
                 break
+            self._backlog -= 1
             if current_step - item.oldest_step > self.max_steps_off_policy:
                 dropped["stale"] += 1
                 self.state.mark_done(item.scenario_index)
+                self._top_up()
             elif not item.group.has_signal and not (
                 # A teacher learns from all-equal groups too (the trainer keeps them).
                 self.keep_groups_without_signal or self.train_config.trains_equal_groups
             ):
                 dropped["no_signal"] += 1
                 self.state.mark_done(item.scenario_index)
+                self._top_up()
                 if self._starved(item.group):
                     break  # train what was gathered; the next call returns nothing
             else:
                 self._without_signal_in_a_row.clear()
                 batch.append(item)
+                self._filling = len(batch)
         self.state.dropped_stale += dropped["stale"]
         self.state.dropped_no_signal += dropped["no_signal"]
         return batch, dropped
@@ -410,21 +440,36 @@ class PipelineTrainer:
 
     # ------------------------------------------------------------------------------ overlap
     def _overlap_now(self) -> bool:
-        """The mode of the next step: fixed, chosen, or the probe's turn (lock-step first)."""
+        """The mode of the next step: fixed, chosen, trying overlap, or probing lock-step."""
         if self.overlap is not None:
             return self.overlap
         if self.overlap_chosen is not None:
             return self.overlap_chosen
-        return len(self._periods[False]) >= PROBE_STEPS
+        return self._trying_overlap
 
-    def _observe(self, overlapped: bool, period_s: float) -> None:
-        """Record a step's period while choosing; choose once both modes were measured."""
+    @property
+    def _trying_overlap(self) -> bool:
+        return bool(self._periods[True]) or self._overlap_predicted
+
+    def _observe(self, overlapped: bool, period_s: float, split: StepSplit) -> None:
+        """Record a step while choosing: after ``PROBE_STEPS`` lock-step ones, predict from
+        the last one's split; when trying overlap, keep it only if its second step (the first
+        still carries the lock-step batch) confirms the prediction."""
         if self.overlap is not None or self.overlap_chosen is not None:
             return
         self._periods[overlapped].append(period_s)
-        if len(self._periods[True]) < PROBE_STEPS:
+        if not overlapped:
+            self._split = split
+            if len(self._periods[False]) >= PROBE_STEPS:
+                worth_trying, reason = predicted_choice(split, self._core_split)
+                if worth_trying:
+                    self._overlap_predicted = True
+                    logger.info("PipelineTrainer: %s", reason)
+                else:
+                    self._choose(False, reason)
             return
-        self._choose(*choose_overlap(self._periods[False][-1], self._periods[True][-1]))
+        if len(self._periods[True]) >= 2:
+            self._choose(*choose_overlap(self._periods[False][-1], self._periods[True][-1]))
 
     def _choose(self, overlapped: bool, reason: str) -> None:
         self.overlap_chosen, self.overlap_reason = overlapped, reason
@@ -437,7 +482,7 @@ class PipelineTrainer:
         if prepare is None or self.overlap is False or self.overlap_chosen is not None:
             return
         try:
-            prepare(self.model)
+            self._core_split = prepare(self.model)
         except ValueError as exc:
             if self.overlap:
                 raise
@@ -461,6 +506,9 @@ class PipelineTrainer:
         stream = self._scenario_stream()
         stream_lock = asyncio.Lock()
         self._sampled = 0
+        self._tickets, self._open_tickets, self._backlog = asyncio.Semaphore(0), 0, 0
+        self._filling, self._stream_done, self._hold = 0, False, False
+        self._top_up()
         workers = [
             asyncio.ensure_future(self._worker(stream, stream_lock, queue))
             for _ in range(self.num_rollout_workers)
@@ -475,18 +523,16 @@ class PipelineTrainer:
         started = time.perf_counter()
         trained_here: list[TrainResult] = []
         # A step's period runs from the end of the previous one (evaluations excluded).
-        period_start = started
+        period_start, cpu_mark = started, time.process_time()
         try:
             while self.max_steps is None or self.state.steps < self.max_steps:
                 current = await self.model.get_step()
                 batch, dropped = await self._next_batch(queue, current)
                 if not batch:
                     break
-                overlapped = self._overlap_now()
-                result = await self._train_batch(
-                    batch, current, dropped, queue, started, overlapped, period_start
+                result = await self._step(
+                    batch, current, dropped, queue, started, (period_start, cpu_mark)
                 )
-                self._observe(overlapped, result.metrics["train/pipeline_step_seconds"])
                 trained_here.append(result)
                 self.results.append(result)
                 bar.update(1)
@@ -496,7 +542,7 @@ class PipelineTrainer:
                 if self.eval_fn is not None and self.eval_every_n_steps:
                     if self.state.steps % self.eval_every_n_steps == 0:
                         await self._evaluate(result.step)
-                period_start = time.perf_counter()
+                period_start, cpu_mark = time.perf_counter(), time.process_time()
         finally:
             bar.close()
             for task in [*workers, closer]:
@@ -504,6 +550,44 @@ class PipelineTrainer:
             await asyncio.gather(*workers, closer, return_exceptions=True)
             await stream.aclose()
         return trained_here
+
+    async def _step(
+        self,
+        batch: list[_Sampled],
+        current: int,
+        dropped: dict[str, int],
+        queue: asyncio.Queue[_Sampled | None],
+        started: float,
+        marks: tuple[float, float],
+    ) -> TrainResult:
+        """Train ``batch`` in the mode of the moment, starting the next batch's groups when
+        they may start, and measure the step's split (``marks``: wall and CPU clock at the
+        end of the previous step)."""
+        period_start, cpu_mark = marks
+        overlapped = self._overlap_now()
+        sampled_at, sampled_cpu = time.perf_counter(), time.process_time()
+        # The next batch's groups start now only where they may sample beside this step and
+        # still be fresh enough when trained; else once it has trained.
+        self._filling = 0
+        self._hold = not (overlapped and self.max_steps_off_policy >= 1)
+        self._top_up()
+        result = await self._train_batch(
+            batch, current, dropped, queue, started, overlapped, period_start
+        )
+        self._hold = False
+        self._top_up()
+        split = StepSplit(
+            sample_s=sampled_at - period_start,
+            train_s=time.perf_counter() - sampled_at,
+            sample_cpu_s=sampled_cpu - cpu_mark,
+            train_cpu_s=time.process_time() - sampled_cpu,
+        )
+        result.metrics["train/pipeline_sample_seconds"] = split.sample_s
+        result.metrics["train/pipeline_train_seconds"] = split.train_s
+        result.metrics["train/pipeline_sample_cpu_seconds"] = split.sample_cpu_s
+        result.metrics["train/pipeline_train_cpu_seconds"] = split.train_cpu_s
+        self._observe(overlapped, result.metrics["train/pipeline_step_seconds"], split)
+        return result
 
     async def _train_batch(
         self,
