@@ -27,7 +27,16 @@ EVERYTHING = FAST.model_copy(
     }
 )
 # Metrics that describe how the step ran rather than what it computed.
-RUN_METRICS = ("train/seconds", "train/tokens_per_second", "train/num_micro_batches")
+RUN_METRICS = (
+    "train/seconds",
+    "train/tokens_per_second",
+    "train/num_micro_batches",
+    # Memory: each process's own (its resident memory, the budget it derived, the plan).
+    "train/peak_memory_bytes",
+    "train/estimated_peak_memory_bytes",
+    "train/memory_budget_bytes",
+    "train/micro_batch_token_budget",
+)
 
 
 def sampler_logprobs(model: Any, prompt: list[int], completion: list[int]) -> list[float]:

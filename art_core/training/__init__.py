@@ -5,9 +5,9 @@
 The modules each hold one idea: ``sequences`` (token-exact assembly), ``advantages``
 (group-relative credit), ``loss`` (PPO/CISPO objective), ``packing`` (micro-batches),
 ``checkpoints`` (pickle-free save/resume), ``loading`` (peft / Unsloth), ``batch`` (groups to
-rollouts), ``step_stats`` (a step's metrics and progress) and ``sft`` (supervised steps on the
-same adapter). The model folder's layout
-belongs to ``art_core.model_folder``.
+rollouts), ``step_stats`` (a step's metrics and progress), ``memory`` (micro-batches sized to
+the memory budget; ``SequenceTooLargeError``) and ``sft`` (supervised steps on the same
+adapter). The model folder's layout belongs to ``art_core.model_folder``.
 
 Example:
     >>> from art_core.training import Trainer, TrainConfig
@@ -24,6 +24,7 @@ from art_core.training.config import (
     TrainingSettings,
     TrainResult,
 )
+from art_core.training.memory import SequenceTooLargeError
 
 if TYPE_CHECKING:
     from art_core.training.trainer import Trainer
@@ -42,6 +43,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DEFAULT_LORA_TARGET_MODULES",
     "SFTConfig",
+    "SequenceTooLargeError",
     "TrainConfig",
     "TrainResult",
     "Trainer",

@@ -15,6 +15,7 @@ import contextlib
 import gc
 import logging
 import math
+import os
 import shutil
 import threading
 import time
@@ -24,10 +25,18 @@ from typing import Any
 
 import torch
 
+from art_core import memory as process_memory
 from art_core.device import autocast_dtype, choose_device, follow_free_cores, use_cpu_threads
 from art_core.distill.scores import Teacher
 from art_core.distill.teachers import make_teacher, score_rollouts, teacher_key
 from art_core.kept_logits import KeptLogits
+from art_core.memory import (
+    DEFAULT_FRACTION,
+    MemoryBudget,
+    release_freed_memory,
+    resident_bytes,
+    resolve_memory_budget,
+)
 from art_core.model_folder import ModelFolder
 from art_core.training.batch import (
     PreparedBatch,
@@ -53,7 +62,24 @@ from art_core.training.loading import (
     base_weights_dtype,
     load_trainable_model,
 )
-from art_core.training.loss import LossOutput, grpo_loss, reverse_kl, token_logprobs
+from art_core.training.loss import (
+    LossOutput,
+    grpo_loss,
+    head_logprobs,
+    reverse_kl,
+    token_logprobs,
+)
+from art_core.training.memory import (
+    DevicePeak,
+    MemoryPlan,
+    ModelShape,
+    SequenceSize,
+    SequenceTooLargeError,
+    estimate_step_memory,
+    plan_memory,
+    rollout_sequence_sizes,
+)
+from art_core.training.output_head import decoder_of, fusable_output_head
 from art_core.training.packing import MicroBatch, TrainingExample, make_micro_batches
 from art_core.training.sft import SFTRecord, plan_sft, run_sft
 from art_core.training.step_stats import ALWAYS_REPORTED, ProgressCallback, StepStats
@@ -67,6 +93,12 @@ def _needs_old_logprobs(config: TrainConfig) -> bool:
     """Whether the loss needs the trainer's logprobs before the update: truncated importance
     sampling and the off-policy mask compare them with the sampler's."""
     return config.truncated_importance_sampling is not None or config.off_policy_mask is not None
+
+
+def _needs_full_logits(config: TrainingSettings) -> bool:
+    """Whether a step needs the student's logits whole (a teacher's top-k distillation)."""
+    teacher = getattr(config, "teacher", None)
+    return teacher is not None and teacher.top_k > 0
 
 
 class Trainer:
@@ -107,6 +139,12 @@ class Trainer:
         self._cancel: threading.Event | None = None
         # Only the trained positions' logits are computed, where the model allows it.
         self._kept_logits = KeptLogits("the model")
+        # The output layer, when it can run fused with the log-softmax (``output_head``),
+        # checked once per loaded model; whether gradient checkpointing is on now.
+        self._head: torch.nn.Linear | None = None
+        self._checkpointing = False
+        # The CUDA default budget, taken of the device memory free at the first step.
+        self._device_budget: MemoryBudget | None = None
         # On-policy distillation's teacher, kept between steps while its config stays.
         self._teacher: tuple[tuple[str | None, ...], Teacher] | None = None
 
@@ -190,6 +228,8 @@ class Trainer:
             self._cancel = cancel
             try:
                 return self._train_step(groups, config, on_progress)
+            except SequenceTooLargeError:
+                raise  # refused before any forward: the weights in memory are the latest's
             except BaseException:
                 # The weights in memory may be half-updated: reload the latest checkpoint next.
                 self._loaded_step = -1
@@ -228,17 +268,31 @@ class Trainer:
         if not isinstance(config, SFTConfig):
             raise TypeError(f"config must be an SFTConfig, got {type(config).__name__}")
         records = list(records)
-        with self._lock:
+        with self._lock, DevicePeak(self.device) as peak:
             self._cancel = cancel
             started = time.perf_counter()
-            self._ensure_loaded(config)
-            assert self._optimizer is not None
-            plan = plan_sft(
-                records,
-                config,
-                attn_implementation=getattr(self._model.config, "_attn_implementation", None),
-                max_length=getattr(self._model.config, "max_position_embeddings", None),
-            )
+            try:
+                self._ensure_loaded(config)
+                assert self._optimizer is not None
+                plan = plan_sft(
+                    records,
+                    config,
+                    attn_implementation=getattr(self._model.config, "_attn_implementation", None),
+                    max_length=getattr(self._model.config, "max_position_embeddings", None),
+                )
+                memory = self._plan_memory(
+                    [
+                        SequenceSize(len(seq), seq.num_trainable_tokens, record.label)
+                        for record in records
+                        for seq in record.sequences
+                        if seq.num_trainable_tokens
+                    ],
+                    config,
+                )
+            except BaseException:
+                self._cancel = None
+                raise
+            plan.max_tokens = memory.max_tokens
             step = self._loaded_step
             try:
                 devices = [self.device] if self.device.type == "cuda" else []
@@ -259,6 +313,8 @@ class Trainer:
                         ),
                     )
                 metrics.update(data_metrics or {})
+                metrics.update(memory.metrics("sft"))
+                metrics["sft/peak_memory_bytes"] = float(peak.peak())
                 return self._save(step, step + 1, list(groups), config, metrics, split="sft")
             except BaseException:
                 # The weights in memory may be half-updated: reload the latest checkpoint next.
@@ -266,6 +322,7 @@ class Trainer:
                 raise
             finally:
                 self._cancel = None
+                release_freed_memory()
 
     def delete_checkpoints(
         self,
@@ -327,6 +384,8 @@ class Trainer:
             )
             self._loaded_step = latest
             self._base_dtype = dtype
+            self._checkpointing = bool(config.gradient_checkpointing)
+            self._head = self._output_head(config)
         have, want = adapter_settings(self._model), config.lora_settings()
         if check_lora and have != want:
             raise ValueError(
@@ -368,23 +427,67 @@ class Trainer:
     def _logprobs(
         self, batch: MicroBatch, config: TrainingSettings
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The current model's logprobs (and entropies) of the batch's trained tokens."""
-        return token_logprobs(self._trained_logits(batch, config), batch.target_ids.to(self.device))
+        """The current model's logprobs (and entropies) of the batch's trained tokens: from
+        the last hidden state through the output layer fused with the log-softmax where the
+        model allows it (``output_head``), else from the model's logits."""
+        targets = batch.target_ids.to(self.device)
+        head = self._head
+        if head is None:
+            return token_logprobs(self._trained_logits(batch, config), targets)
+        hidden = self._trained_hidden(batch, config)
+        with self._autocast(config):
+            return head_logprobs(hidden, head.weight, targets, head.bias)
 
-    def _trained_logits(self, batch: MicroBatch, config: TrainingSettings) -> torch.Tensor:
-        """The current model's logits predicting each trained token, ``(n, vocab)``."""
-        # Every forward of a step comes here: the one place a cancelled step stops.
-        raise_if_cancelled(self._cancel, self._loaded_step)
+    def _output_head(self, config: TrainingSettings) -> torch.nn.Linear | None:
+        """The loaded model's output layer when it can run fused (checked once per load)."""
+        return fusable_output_head(self._model, lambda: self._autocast(config))
+
+    def _model_inputs(self, batch: MicroBatch, config: TrainingSettings) -> dict[str, Any]:
+        """The model's inputs for ``batch``, with its packed rows' mask made cheap for SDPA.
+
+        SDPA converts a boolean mask to an additive one in the query's dtype on every call
+        and keeps each layer's copy for backward: with 30 layers and a 3.6k-token row that
+        was 0.75 GB. Given the additive mask (exactly what it would build: 0 or -inf), all
+        layers share one. A row holding a single sequence needs no mask at all (causal).
+        """
         device = self.device
         inputs: dict[str, Any] = {
             "input_ids": batch.input_ids.to(device),
             "position_ids": batch.position_ids.to(device),
             "use_cache": False,
         }
-        if batch.attention_mask is not None:
-            inputs["attention_mask"] = batch.attention_mask.to(device)
+        mask = batch.attention_mask
+        if mask is not None and mask.dtype == torch.bool and mask.ndim == 4:
+            if getattr(self._model.config, "_attn_implementation", None) == "sdpa":
+                if batch.input_ids.shape[0] == 1 and len(batch.segments) == 1:
+                    return inputs  # one sequence: the block-diagonal mask is the causal one
+                dtype = base_weights_dtype(config, device)
+                additive = torch.zeros(mask.shape, dtype=dtype, device=device)
+                inputs["attention_mask"] = additive.masked_fill_(~mask.to(device), -math.inf)
+                return inputs
+        if mask is not None:
+            inputs["attention_mask"] = mask.to(device)
+        return inputs
+
+    def _trained_hidden(self, batch: MicroBatch, config: TrainingSettings) -> torch.Tensor:
+        """The last hidden state at the positions predicting each trained token, ``(n, d)``."""
+        raise_if_cancelled(self._cancel, self._loaded_step)
+        decoder = decoder_of(self._model)
+        assert decoder is not None  # the head was found fusable with it
         with self._autocast(config):
-            logits = self._kept_logits(self._model, inputs, batch.predict_mask.to(device))
+            hidden = decoder(**self._model_inputs(batch, config)).last_hidden_state
+        device = self.device
+        return hidden[batch.predict_mask.to(device)][batch.target_rows.to(device)]
+
+    def _trained_logits(self, batch: MicroBatch, config: TrainingSettings) -> torch.Tensor:
+        """The current model's logits predicting each trained token, ``(n, vocab)``."""
+        # Every forward of a step comes here: the one place a cancelled step stops.
+        raise_if_cancelled(self._cancel, self._loaded_step)
+        device = self.device
+        with self._autocast(config):
+            logits = self._kept_logits(
+                self._model, self._model_inputs(batch, config), batch.predict_mask.to(device)
+            )
         # One row per trained token (a shared prompt's last position predicts several).
         return logits[batch.target_rows.to(device)]
 
@@ -400,14 +503,16 @@ class Trainer:
 
     def _plan(
         self, groups: list[TrajectoryGroup], config: TrainConfig
-    ) -> tuple[PreparedBatch, list[list[TrainingExample]], list[list[MicroBatch]]]:
-        """The step's rollouts, the examples of each optimizer update, and their
-        micro-batches grouped by optimizer update."""
+    ) -> tuple[PreparedBatch, list[list[TrainingExample]], list[list[MicroBatch]], MemoryPlan]:
+        """The step's rollouts, the examples of each optimizer update, their micro-batches
+        grouped by optimizer update, and the memory plan that sized them (which raises
+        ``SequenceTooLargeError`` here, before any forward, when a sequence cannot fit)."""
         prepared = prepare_batch(
             groups,
             scale_rewards=config.scale_rewards,
             keep_equal_groups=config.trains_equal_groups,
         )
+        memory = self._plan_memory(rollout_sequence_sizes(prepared.rollouts), config)
         if config.teacher is not None and prepared.rollouts:
             scored = score_rollouts(
                 prepared.rollouts,
@@ -426,14 +531,107 @@ class Trainer:
         plan = [
             make_micro_batches(
                 examples,
-                max_tokens=config.max_tokens_per_batch,
+                max_tokens=memory.max_tokens,
                 packing=config.packing,
                 share_prefixes=config.share_prefixes,
                 attn_implementation=attn,
             )
             for examples in updates
         ]
-        return prepared, updates, [micro_batches for micro_batches in plan if micro_batches]
+        return (
+            prepared,
+            updates,
+            [micro_batches for micro_batches in plan if micro_batches],
+            memory,
+        )
+
+    # ------------------------------------------------------------------ memory
+
+    def _memory_budget(self, config: TrainingSettings) -> MemoryBudget:
+        """The step's budget: ``config.memory_budget``, else ``$ART_CORE_MEMORY_BUDGET``, else
+        the process's share of the machine (``art_core.memory``) or, on CUDA, of the device
+        memory free at this trainer's first step."""
+        explicit = (
+            config.memory_budget is not None or os.environ.get(process_memory.ENV, "").strip()
+        )
+        if self.device.type != "cuda" or explicit:
+            return resolve_memory_budget(config.memory_budget)
+        if self._device_budget is None:
+            free, _total = torch.cuda.mem_get_info(self.device)
+            usable = free + torch.cuda.memory_reserved(self.device)
+            self._device_budget = MemoryBudget(
+                int(usable * DEFAULT_FRACTION),
+                f"{DEFAULT_FRACTION:.0%} of the GPU memory free at the first step, "
+                f"{usable / 2**30:.2f} GiB",
+            )
+        return self._device_budget
+
+    def _memory_in_use(self) -> int:
+        """What the process (on CUDA: the device) holds now: the step starts from there."""
+        if self.device.type == "cuda":
+            return int(torch.cuda.memory_allocated(self.device))
+        return resident_bytes()
+
+    def _plan_memory(
+        self,
+        sequences: Sequence[SequenceSize],
+        config: TrainingSettings,
+        *,
+        gradient_checkpointing: bool | None = None,
+    ) -> MemoryPlan:
+        """The micro-batch token budget and gradient checkpointing of a step on
+        ``sequences`` under its memory budget (``training.memory``), applied to the model;
+        ``SequenceTooLargeError`` when one sequence cannot fit. ``gradient_checkpointing``
+        overrides the config's (a sharded rank decides as its peers do)."""
+        assert self._optimizer is not None
+        checkpointing = (
+            config.gradient_checkpointing
+            if gradient_checkpointing is None
+            else gradient_checkpointing
+        )
+        budget = self._memory_budget(config)
+        model_config = self._model.config
+        autocast = autocast_dtype(config.precision, self.device) is not None
+        costs = {
+            on: estimate_step_memory(
+                ModelShape.of(model_config),
+                activation_bytes=3 if autocast else 4,
+                checkpointing=on,
+                lora_rank=config.lora_rank,
+                lora_modules=len(config.lora_target_modules),
+                # A teacher's top-k distillation needs the student's full logits.
+                fused_head=self._head is not None and not _needs_full_logits(config),
+                eager_attention=getattr(model_config, "_attn_implementation", None) == "eager",
+            )
+            for on in (False, True)
+        }
+        params = [p for group in self._optimizer.param_groups for p in group["params"]]
+        trainable = sum(p.numel() * p.element_size() for p in params)
+        # The gradients, and AdamW's two moments when its first update is still to come.
+        fixed = trainable * (1 if self._optimizer.state else 3)
+        plan = plan_memory(
+            sequences,
+            budget=budget,
+            max_tokens_per_batch=config.max_tokens_per_batch,
+            gradient_checkpointing=checkpointing,
+            costs=costs,
+            in_use=self._memory_in_use(),
+            fixed=fixed,
+        )
+        self._set_checkpointing(plan.checkpointing)
+        return plan
+
+    def _set_checkpointing(self, on: bool) -> None:
+        if on == self._checkpointing:
+            return
+        if on:
+            logger.info("gradient checkpointing on: the step would not fit its memory budget")
+            self._model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        else:
+            self._model.gradient_checkpointing_disable()
+        self._checkpointing = on
 
     def _teacher_for(self, config: TeacherConfig) -> Teacher:
         """The teacher of ``config`` (kept from the previous step when it is the same)."""
@@ -457,9 +655,23 @@ class Trainer:
         on_progress: ProgressCallback | None,
     ) -> TrainResult:
         started = time.perf_counter()
+        with DevicePeak(self.device) as peak:
+            try:
+                return self._train_step_measured(groups, config, on_progress, started, peak)
+            finally:
+                release_freed_memory()  # what the step freed, back to the system
+
+    def _train_step_measured(
+        self,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        on_progress: ProgressCallback | None,
+        started: float,
+        peak: DevicePeak,
+    ) -> TrainResult:
         self._ensure_loaded(config)
         step, new_step = self._loaded_step, self._loaded_step + 1
-        prepared, updates, plan = self._plan(groups, config)
+        prepared, updates, plan, memory = self._plan(groups, config)
         if not plan:
             return self._nothing_trained(step, groups, prepared.metrics)
         stats = StepStats(
@@ -471,13 +683,19 @@ class Trainer:
         # Dropout is reproducible per step without disturbing anyone else's RNG.
         seen = self._run_updates(plan, config, stats, seed=config.seed + new_step)
         stats.close()
+        tokens_run = config.num_epochs * sum(b.num_tokens for mbs in plan for b in mbs)
+        num_updates = config.num_epochs * len(plan)
+        memory_metrics = memory.metrics("train", [b for mbs in plan for b in mbs])
+        del plan  # the micro-batches' tensors: not needed to save
         metrics = {
             **prepared.metrics,
             **stats.metrics(
-                updates=config.num_epochs * len(plan),
-                tokens_run=config.num_epochs * sum(b.num_tokens for mbs in plan for b in mbs),
+                updates=num_updates,
+                tokens_run=tokens_run,
                 learning_rate=config.learning_rate,
             ),
+            **memory_metrics,
+            "train/peak_memory_bytes": float(peak.peak()),
         }
         signal = signal_records(prepared.rollouts, updates, seen)
         return self._save(step, new_step, groups, config, metrics, signal=signal)
@@ -530,6 +748,8 @@ class Trainer:
                                 epoch=epoch,
                                 update=update,
                             )
+                        # The loss's graph: nothing of it may outlive the micro-batch.
+                        del out, old
                     norm = self._finish_gradients(params, config)
                     if math.isfinite(norm):
                         optimizer.step()

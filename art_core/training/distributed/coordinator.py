@@ -479,6 +479,12 @@ class _ProgressRelay:
             metrics[f"train/rank{rank}/seconds"] = float(report["seconds"])
             metrics[f"train/rank{rank}/allreduce_seconds"] = float(report["allreduce_seconds"])
         metrics["train/allreduce_seconds"] = max(float(r["allreduce_seconds"]) for r in reports)
+        # Memory (``training.memory``): each rank's peak, and the largest of every figure.
+        for rank, report in enumerate(reports):
+            for name, value in report.get("memory", {}).items():
+                metrics[name] = max(metrics.get(name, 0.0), float(value))
+                if name == "train/peak_memory_bytes":
+                    metrics[f"train/rank{rank}/peak_memory_bytes"] = float(value)
         tokens = [float(report["tokens"]) for report in reports]
         metrics["train/rank_token_imbalance"] = max(tokens) / max(sum(tokens) / len(tokens), 1.0)
         return metrics

@@ -36,10 +36,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from art_core.memory import release_freed_memory
 from art_core.training.checkpoints import stage_checkpoint
 from art_core.training.config import TrainConfig, TrainingSettings
 from art_core.training.distributed.messages import decode_examples
 from art_core.training.loading import load_trainable_model
+from art_core.training.memory import DevicePeak, MemoryPlan, SequenceSize
 from art_core.training.packing import MicroBatch, TrainingExample, make_micro_batches, pack_row
 from art_core.training.sequences import TokenSequence
 from art_core.training.step_stats import StepStats
@@ -85,6 +87,12 @@ class RankTrainer(Trainer):
         self.shard_base_model = shard_base_model
         self.allreduce_seconds = 0.0
         self.last_allreduce_seconds = 0.0
+        self.last_memory_plan: MemoryPlan | None = None
+
+    def _output_head(self, config: TrainingSettings) -> torch.nn.Linear | None:
+        # Sharded, the model's root module gathers the output layer in its forward: the
+        # backbone cannot run alone.
+        return None if self.shard_base_model else super()._output_head(config)
 
     def _load_model(self, config: TrainingSettings, adapter: Path | None) -> Any:
         if not self.shard_base_model:
@@ -142,12 +150,29 @@ class RankTrainer(Trainer):
     def plan(
         self, updates: list[list[TrainingExample]], config: TrainConfig
     ) -> list[list[MicroBatch]]:
-        """This rank's micro-batches of each update (padded to its peers' count when sharded)."""
+        """This rank's micro-batches of each update (padded to its peers' count when sharded),
+        sized to this rank's memory budget (``training.memory``; sharded ranks all keep the
+        config's gradient checkpointing: a layer recomputed on one rank only would make the
+        ranks' collectives differ)."""
+        memory = self.last_memory_plan = self._plan_memory(
+            [
+                SequenceSize(
+                    len(e.sequence), e.sequence.num_trainable_tokens, f"rollout {e.source}"
+                )
+                for examples in updates
+                for e in examples
+                if e.sequence.num_trainable_tokens
+            ],
+            config,
+            gradient_checkpointing=bool(config.gradient_checkpointing)
+            if self.shard_base_model
+            else None,
+        )
         attn = getattr(self._model.config, "_attn_implementation", None)
         plan = [
             make_micro_batches(
                 examples,
-                max_tokens=config.max_tokens_per_batch,
+                max_tokens=memory.max_tokens,
                 packing=config.packing,
                 share_prefixes=config.share_prefixes,
                 attn_implementation=attn,
@@ -167,7 +192,7 @@ class RankTrainer(Trainer):
         """Run this rank's share of a step (no checkpoint yet: ``stage``)."""
         config = TrainConfig.model_validate(payload["config"])
         step = int(payload["step"])
-        with self._lock:
+        with self._lock, DevicePeak(self.device) as peak:
             try:
                 self._ensure_loaded(config)
                 if self._loaded_step != step:
@@ -209,10 +234,20 @@ class RankTrainer(Trainer):
                 )
                 seconds = time.perf_counter() - started
                 stats.close()
+                memory = (
+                    {}
+                    if self.last_memory_plan is None
+                    else self.last_memory_plan.metrics("train", real)
+                )
+                memory["train/peak_memory_bytes"] = float(peak.peak())
             except BaseException:
                 self._loaded_step = -1  # the weights may be half-updated: reload next time
                 raise
+            finally:
+                release_freed_memory()
         return {
+            # This rank's memory plan and peak (``training.memory``).
+            "memory": memory,
             "sums": dict(stats.sums),
             "tokens": config.num_epochs * sum(b.num_tokens for b in real),
             "trained_tokens": config.num_epochs * sum(b.num_trainable_tokens for b in real),
