@@ -87,7 +87,41 @@ def base_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     packed: Any = linear.__dict__.get("_art_packed")
     if packed is None:
         return torch.nn.functional.linear(x, linear.weight, linear.bias)
+    if torch.compiler.is_compiling():  # traced by dynamo: an op inductor keeps as a call
+        return torch.ops.art_core.packed_linear(x, packed, linear.bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")
+
+
+def register_packed_linear_op() -> None:
+    """Define ``torch.ops.art_core.packed_linear`` (once per process): ``base_linear`` as a
+    custom op, which is what a compiled step (``engines/compiled_step.py``) traces.
+
+    Inductor cannot lower ``mkldnn._linear_pointwise`` on a packed weight; as an opaque
+    custom op with a shape-only fake it stays one oneDNN call in the generated code.
+
+    Example:
+        >>> register_packed_linear_op()
+        >>> hasattr(torch.ops.art_core, "packed_linear")
+        True
+    """
+    global _op_registered
+    if _op_registered:
+        return
+
+    @torch.library.custom_op("art_core::packed_linear", mutates_args=())
+    def packed_linear(
+        x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    @packed_linear.register_fake
+    def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], packed.shape[0]))
+
+    _op_registered = True
+
+
+_op_registered = False
 
 
 def restore_forward(linear: nn.Linear) -> None:
