@@ -4,6 +4,8 @@ dataset's own ``score_answer``, and trained on for a step."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import art_mcp
 import pytest
 import reasoning_gym
@@ -100,10 +102,18 @@ async def test_generator_with_the_tool_runs_through_the_gateway_and_trains_a_ste
     model = await register_tiny_model(backend, "rg-tiny", "reasoning-gym-tests")
     groups = await art.gather_trajectory_groups(
         art.TrajectoryGroup(
-            art_mcp.rollout(model, scenario, CALCULATOR_SERVER, reward_fn=reward, settings=SETTINGS)
-            for _ in range(4)
+            art_mcp.rollout(
+                model,
+                scenario,
+                CALCULATOR_SERVER,
+                reward_fn=reward,
+                # Each run its own sampling seed: the same runs every time (unseeded, the
+                # tiny model's 12 runs all went without an answer about once in many CI runs).
+                settings=replace(SETTINGS, extra_body={"seed": 1000 * index + run}),
+            )
+            for run in range(4)
         )
-        for scenario in scenarios
+        for index, scenario in enumerate(scenarios)
     )
     # (the Engine protocol does not declare it; every engine here has one)
     tokenizer = backend.engine(model).tokenizer  # type: ignore[attr-defined]
