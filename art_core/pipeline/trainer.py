@@ -445,11 +445,7 @@ class PipelineTrainer:
             return self.overlap
         if self.overlap_chosen is not None:
             return self.overlap_chosen
-        return self._trying_overlap
-
-    @property
-    def _trying_overlap(self) -> bool:
-        return bool(self._periods[True]) or self._overlap_predicted
+        return self._overlap_predicted  # overlapped steps run only once it was predicted
 
     def _observe(self, overlapped: bool, period_s: float, split: StepSplit) -> None:
         """Record a step while choosing: after ``PROBE_STEPS`` lock-step ones, predict from
