@@ -35,3 +35,18 @@ def append_line(path: Path, line: str) -> None:
         handle.write(line.rstrip("\n") + "\n")
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def cache_dir() -> Path:
+    """art_core's cache folder: ``$ART_CORE_CACHE_DIR`` when set, else
+    ``$XDG_CACHE_HOME/art_core`` (``~/.cache/art_core``).
+
+    Example:
+        >>> cache_dir().name in ("art_core", os.environ.get("ART_CORE_CACHE_DIR", "art_core"))
+        True
+    """
+    override = os.environ.get("ART_CORE_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "art_core"

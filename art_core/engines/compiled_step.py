@@ -83,6 +83,7 @@ from typing import Any
 import torch
 
 from art_core.engines.packed import register_packed_linear_op
+from art_core.files import cache_dir as art_core_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -99,11 +100,7 @@ def compile_cache_dir() -> Path:
         >>> compile_cache_dir().name
         'inductor'
     """
-    override = os.environ.get("ART_CORE_CACHE_DIR")
-    if override:
-        return Path(override).expanduser() / "inductor"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "art_core" / "inductor"
+    return art_core_cache_dir() / "inductor"
 
 
 def prune_cache(folder: Path, max_mib: float) -> int:

@@ -26,6 +26,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from art_core.files import cache_dir as art_core_cache_dir
+
 logger = logging.getLogger(__name__)
 
 # Bump when the prompt or the stored value changes meaning: old entries then simply miss.
@@ -51,11 +53,7 @@ def default_cache_path() -> Path:
         >>> default_cache_path().name
         'ruler.sqlite'
     """
-    override = os.environ.get("ART_CORE_CACHE_DIR")
-    if override:
-        return Path(override).expanduser() / "ruler.sqlite"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "art_core" / "ruler.sqlite"
+    return art_core_cache_dir() / "ruler.sqlite"
 
 
 def cache_key(*, judge_model: str, rubric: str, request: Mapping[str, Any]) -> str:
