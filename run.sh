@@ -8,6 +8,9 @@
 #   bash run.sh typecheck     only mypy
 #   bash run.sh test [args]   ruff and lint-imports, then the whole test suite (core and every
 #                             integration) with mypy beside it at the lowest CPU priority
+#   bash run.sh docs [args]   the documentation site (mkdocs.yml, docs/) on
+#                             http://127.0.0.1:8000, rebuilt on every change to docs/ or the
+#                             code (`mkdocs serve`; args go to it)
 #   bash run.sh bench NAME    a benchmark script from benchmarks/
 #   bash run.sh gpu-bundle [DIR]     the wheels a GPU machine without network lacks (into .whl/)
 #   bash run.sh gpu-check [OUT_DIR]  the CUDA checks (tests/cuda, benchmarks/gpu.py) with the
@@ -300,6 +303,14 @@ case "$command" in
     print_phases
     exit "$status"
     ;;
+  docs)
+    setup
+    # The API reference is generated from the code (docs/gen_reference.py), so the code is
+    # watched too. A later -a in args wins over this address. The two variables silence a
+    # banner about MkDocs 2 that plugins print on every build.
+    DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 exec "$VENV/bin/mkdocs" serve \
+      -a 127.0.0.1:8000 -w art_core -w integrations "$@"
+    ;;
   bench)
     setup
     name="${1:?usage: bash run.sh bench NAME [args]}"
@@ -314,7 +325,7 @@ case "$command" in
     gpu_check "${1:-gpu-out}"
     ;;
   *)
-    echo "usage: bash run.sh {demo|check|typecheck|test|bench NAME|gpu-bundle [DIR]|gpu-check [OUT_DIR]} [args]" >&2
+    echo "usage: bash run.sh {demo|check|typecheck|test|docs|bench NAME|gpu-bundle [DIR]|gpu-check [OUT_DIR]} [args]" >&2
     exit 2
     ;;
 esac

@@ -1,8 +1,8 @@
 """The machine a benchmark ran on, in one line every script prints above its table.
 
 Figures depend on the CPU (its matrix extensions decide whether bf16 pays, its core count
-whether overlap does): a README row names the machine it came from, and this line is where
-that name comes from.
+whether overlap does): a row of the benchmarks page (docs/benchmarks.md) names the machine its
+figures came from, and this line is where that name comes from.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ Recipes (``--recipe``):
   by ``train_sft``; its loading and its runs count in the budget.
 
 Each finished run appends one JSON line to ``benchmarks/results/learning_suite.jsonl`` (the
-machine, the date, the settings, the figures); ``--table`` prints the README table from it.
+machine, the date, the settings, the figures); ``--table`` prints from it the table of
+docs/training/cold-start.md.
 
     python benchmarks/learning_suite.py --source time --recipe teacher --minutes 15
     python benchmarks/learning_suite.py --table
@@ -416,8 +417,8 @@ async def build_source(
 
 
 def table(path: Path = RESULTS) -> str:
-    """The README table: every recorded run, in the order run (failures and overruns too:
-    a wall time over the budget is marked)."""
+    """The table of docs/training/cold-start.md: every recorded run, in the order run
+    (failures and overruns too: a wall time over the budget is marked)."""
     lines = [
         "| source | model | recipe | test at step 0 | test after (step) | change | warm start "
         "| GRPO steps | wall / budget | machine, date |",
@@ -504,7 +505,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-every", type=int, default=4, help="GRPO steps between validations")
     parser.add_argument("--path", default=None, help="keep the run's files here")
     parser.add_argument("--no-record", dest="record", action="store_false")
-    parser.add_argument("--table", action="store_true", help="print the README table and exit")
+    parser.add_argument(
+        "--table", action="store_true", help="print docs/training/cold-start.md's table and exit"
+    )
     parser.add_argument(
         "--smoke",
         action="store_true",

@@ -1,7 +1,9 @@
-"""Every code block the READMEs show runs here, so none of them can rot (issue 37).
+"""Every code block the READMEs and the documentation site show runs here, so none of them
+can rot (issues 37 and 52).
 
-Python blocks. Every fenced ``python`` block of ``README.md`` and of each
-``integrations/*/README.md`` runs in a process of its own (forked from one that has already
+Python blocks. Every fenced ``python`` block of ``README.md``, of each
+``integrations/*/README.md`` and of every page of the site (``docs/**/*.md``) runs in a
+process of its own (forked from one that has already
 imported torch and art_core, see ``fork_support``), in a fresh temporary folder (its ``.art``, JSONL
 files and task folders land there), with the virtual environment's ``bin`` on ``PATH`` as
 ``run.sh`` puts it. Top-level ``await`` works (the block is compiled with
@@ -39,6 +41,10 @@ README and missing from ``SHELL`` fails ``test_every_shell_command_is_accounted_
 The command-line agents' blocks need the npm agents ``bash run.sh test`` installs (under
 ``.art/cli-agents``, or ``$ART_CLI_AGENTS_DIR``), as the integration's own tests do.
 
+A page that includes a README's part (``--8<-- "README.md:quick-start"``, pymdownx.snippets,
+as the getting-started page and each integration's page do) shows blocks that run here once,
+where they are written.
+
 ``READMES`` can be pointed elsewhere to check the test itself:
 ``ART_README_TEST_FILES=/tmp/broken/README.md pytest tests/test_readme.py`` runs that file's
 blocks instead (e.g. a copy with a block broken on purpose: its test fails).
@@ -71,7 +77,11 @@ from fork_support import ForkServer, zygote
 ROOT = Path(__file__).resolve().parent.parent
 READMES = [
     Path(p) for p in os.environ.get("ART_README_TEST_FILES", "").split(os.pathsep) if p.strip()
-] or [ROOT / "README.md", *sorted((ROOT / "integrations").glob("*/README.md"))]
+] or [
+    ROOT / "README.md",
+    *sorted((ROOT / "integrations").glob("*/README.md")),
+    *sorted((ROOT / "docs").rglob("*.md")),
+]
 VENV_BIN = Path(sys.executable).parent
 # One block on 2 busy cores: a few rollouts and a training step of a tiny model. Past this it
 # hangs, it is not slow.
@@ -905,6 +915,10 @@ SHELL: dict[str, Shell] = {
         "tests/test_gpu_check.py runs its CPU side (no CUDA in CI); on a GPU it is the GPU check"
     ),
     # integrations/*/README.md: installs
+    # docs/getting-started.md: Install
+    'pip install "torch==2.13.0" -e . -e integrations/mcp': Shell(
+        "an install: `run.sh` installs the same (torch pinned, the core, every integration)"
+    ),
     "pip install -e integrations/cli_agents": Shell(INSTALL),
     "pip install -e integrations/langgraph": Shell(INSTALL),
     "pip install -e integrations/mcp": Shell(INSTALL),
