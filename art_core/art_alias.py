@@ -85,7 +85,9 @@ class ArtAliasFinder:
     """Finds ``art`` / ``art.*`` as stand-ins for art_core, when no real ``art`` exists.
 
     Example:
-        >>> sys.meta_path.append(ArtAliasFinder())  # what install() does  # doctest: +SKIP
+        >>> ArtAliasFinder().find_spec("art").name, ArtAliasFinder().find_spec("json")
+        ('art', None)
+        >>> sys.meta_path.append(ArtAliasFinder())  # what install() does  # changes process-wide state: an import hook  # doctest: +SKIP
     """
 
     def find_spec(
@@ -106,7 +108,7 @@ def install() -> None:
     """Register the finder (once) at the end of ``sys.meta_path``.
 
     Example:
-        >>> install(); import art  # doctest: +SKIP
+        >>> install(); import art  # changes process-wide state: an import hook for every later `import art`  # doctest: +SKIP
     """
     if not any(isinstance(finder, ArtAliasFinder) for finder in sys.meta_path):
         sys.meta_path.append(ArtAliasFinder())

@@ -51,7 +51,7 @@ async def trajectory_group_batches(
         ...     (TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in scenarios),
         ...     batch_size=4,
         ... ):
-        ...     await model.train(batch)  # doctest: +SKIP
+        ...     await model.train(batch)  # needs a registered model: `model`, `rollout`, `scenarios`  # doctest: +SKIP
     """
     del pbar_total_completion_tokens  # ART's progress-bar option; the bar counts groups
     _check_options(batch_size, max_concurrent_batches, skip_batches, max_batch_exceptions)

@@ -35,7 +35,7 @@ def pin_step(step: int | None) -> Iterator[None]:
     that adapter is loaded); None: the default one.
 
     Example:
-        >>> with pin_step(0):  # doctest: +SKIP
+        >>> with pin_step(0):  # needs a registered model: `model`, `rollout`  # doctest: +SKIP
         ...     trajectory = await rollout(model, task)  # its calls use the base model
     """
     if step is not None and step < 0:
@@ -103,7 +103,7 @@ class Run:
         the subprocess's environment.
 
         Example:
-            >>> async with capture(model) as run:  # doctest: +SKIP
+            >>> async with capture(model) as run:  # needs a registered model  # doctest: +SKIP
             ...     subprocess.run(["my-agent"], env={**os.environ, **run.env()})
         """
         key = self.model.inference_api_key or "art"
@@ -131,7 +131,7 @@ class Run:
         (needs the ``anthropic`` package); closed with the capture block.
 
         Example:
-            >>> async with capture(model) as run:  # doctest: +SKIP
+            >>> async with capture(model) as run:  # needs a registered model  # doctest: +SKIP
             ...     await run.anthropic_client().messages.create(model=run.model_name, ...)
         """
         from anthropic import AsyncAnthropic
@@ -163,9 +163,9 @@ class Run:
         """The calls recorded in this rollout once the capture block has exited; None before.
 
         Example:
-            >>> async with capture(model) as run:  # doctest: +SKIP
+            >>> async with capture(model) as run:  # needs a registered model  # doctest: +SKIP
             ...     assert run.final_calls is None
-            >>> len(run.final_calls)  # doctest: +SKIP
+            >>> len(run.final_calls)  # needs a registered model  # doctest: +SKIP
             2
         """
         return None if self._final_calls is None else list(self._final_calls)
@@ -189,9 +189,9 @@ class Run:
         """The rollout's trajectory, built from its recorded calls.
 
         Example:
-            >>> async with capture(model) as run:  # doctest: +SKIP
+            >>> async with capture(model) as run:  # needs a registered model  # doctest: +SKIP
             ...     await run.openai_client().chat.completions.create(...)
-            >>> run.trajectory(reward=1.0).calls  # doctest: +SKIP
+            >>> run.trajectory(reward=1.0).calls  # needs a registered model  # doctest: +SKIP
         """
         calls = self.calls
         tools = next((c.tools for c in reversed(calls) if c.tools), None)
@@ -222,7 +222,7 @@ async def set_rollout_sampling(run: Run, sampling: RolloutSampling) -> None:
     the gateway's answer when it refuses, or when it cannot be reached.
 
     Example:
-        >>> await set_rollout_sampling(run, RolloutSampling(seed=7))  # doctest: +SKIP
+        >>> await set_rollout_sampling(run, RolloutSampling(seed=7))  # needs a registered model: inside `capture`  # doctest: +SKIP
     """
     import httpx
 
@@ -280,11 +280,11 @@ async def capture(
     applied as ``request_params["rollout_sampling"]``.
 
     Example:
-        >>> async with art.capture(model) as run:  # doctest: +SKIP
+        >>> async with art.capture(model) as run:  # needs a registered model  # doctest: +SKIP
         ...     client = run.openai_client()
         ...     await client.chat.completions.create(model=run.model_name, messages=[...])
-        >>> trajectory = run.trajectory(reward=1.0)  # doctest: +SKIP
-        >>> async with art.capture(model, sampling=art.RolloutSampling(seed=1, temperature=1.2)) as run:  # doctest: +SKIP
+        >>> trajectory = run.trajectory(reward=1.0)  # needs a registered model  # doctest: +SKIP
+        >>> async with art.capture(model, sampling=art.RolloutSampling(seed=1, temperature=1.2)) as run:  # needs a registered model, and the codex CLI  # doctest: +SKIP
         ...     subprocess.run(["codex", "exec", task], env={**os.environ, **run.env()})
     """
     if sampling is not None and not isinstance(sampling, RolloutSampling):

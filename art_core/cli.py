@@ -50,7 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``art-core`` console script.
 
     Example:
-        >>> main(["--help"])  # doctest: +SKIP
+        >>> main(["--help"])  # prints the commands, then exits as argparse does
+        Traceback (most recent call last):
+        SystemExit: 0
     """
     parser = build_parser()
     args = parser.parse_args(argv)

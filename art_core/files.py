@@ -11,7 +11,9 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``.
 
     Example:
-        >>> atomic_write_text(Path("/tmp/art-example.json"), "{}")
+        >>> atomic_write_text(Path("art-example.json"), "{}")
+        >>> Path("art-example.json").read_text()
+        '{}'
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,8 +44,13 @@ def cache_dir() -> Path:
     ``$XDG_CACHE_HOME/art_core`` (``~/.cache/art_core``).
 
     Example:
-        >>> cache_dir().name in ("art_core", os.environ.get("ART_CORE_CACHE_DIR", "art_core"))
-        True
+        >>> os.environ["ART_CORE_CACHE_DIR"] = "/data/cache"
+        >>> cache_dir()
+        PosixPath('/data/cache')
+        >>> del os.environ["ART_CORE_CACHE_DIR"]
+        >>> os.environ["XDG_CACHE_HOME"] = "/home/me/.cache"
+        >>> cache_dir()
+        PosixPath('/home/me/.cache/art_core')
     """
     override = os.environ.get("ART_CORE_CACHE_DIR")
     if override:

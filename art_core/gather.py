@@ -54,11 +54,11 @@ async def gather_trajectory_groups(
         >>> groups = await gather_trajectory_groups(
         ...     (TrajectoryGroup(rollout(model, s) for _ in range(4)) for s in scenarios),
         ...     after_each=lambda g: ruler_score_group(g, "judge", swallow_exceptions=True),
-        ... )  # doctest: +SKIP
+        ... )  # needs a registered model: `model`, `rollout`; and a judge  # doctest: +SKIP
         >>> groups = await gather_trajectory_groups(
         ...     (TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in cycle(scenarios)),
         ...     groups_with_signal=4, max_rollouts=256,
-        ... )  # doctest: +SKIP
+        ... )  # needs a registered model: `model`, `rollout`  # doctest: +SKIP
     """
     if groups_with_signal is not None or max_rollouts is not None:
         return await _gather_with_signal(
@@ -167,7 +167,7 @@ async def gather_trajectories(
 
     Example:
         >>> trajectories = await gather_trajectories(rollout(model, s) for s in scenarios)
-        ... # doctest: +SKIP
+        ... # needs a registered model: `model`, `rollout`  # doctest: +SKIP
     """
     del pbar_total_completion_tokens  # ART's progress-bar option; the bar always counts tokens
     pending = list(trajectories)

@@ -26,7 +26,7 @@ class KeptLogits:
 
     Example:
         >>> kept = KeptLogits("the model")
-        >>> logits = kept(model, {"input_ids": ids}, keep=mask)  # doctest: +SKIP
+        >>> logits = kept(model, {"input_ids": ids}, keep=mask)  # fragment: a loaded `model`, its `ids` and a `mask`  # doctest: +SKIP
     """
 
     def __init__(self, label: str) -> None:

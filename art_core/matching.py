@@ -44,7 +44,7 @@ def attach_recorded_calls(trajectory: Trajectory, store: CallStore) -> Trajector
     Raises ``ValueError`` naming the choice that matches no recorded call.
 
     Example:
-        >>> attach_recorded_calls(Trajectory(messages_and_choices=[...]), store)  # doctest: +SKIP
+        >>> attach_recorded_calls(Trajectory(messages_and_choices=[...]), store)  # fragment: a model's call `store`  # doctest: +SKIP
     """
     histories = [("messages_and_choices", trajectory.messages_and_choices)] + [
         (f"additional_histories[{i}].messages_and_choices", history.messages_and_choices)

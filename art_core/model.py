@@ -138,8 +138,8 @@ class Model(BaseModel, Generic[ModelConfig]):
         ``trajectories`` may be groups, or trajectories (and exceptions) forming one group.
 
         Example:
-            >>> await model.log(val_groups)                                   # doctest: +SKIP
-            >>> await model.log(metrics=result.metrics, step=result.step)     # doctest: +SKIP
+            >>> await model.log(val_groups)                                   # needs a registered model: `model`, `val_groups`  # doctest: +SKIP
+            >>> await model.log(metrics=result.metrics, step=result.step)     # needs a registered model  # doctest: +SKIP
         """
         groups: list[TrajectoryGroup] | None = None
         if trajectories is not None:
@@ -161,8 +161,8 @@ class TrainableModel(Model[ModelConfig], Generic[ModelConfig]):
 
     Example:
         >>> model = TrainableModel(name="agent-001", project="demo", base_model="tiny-random")
-        >>> await model.register(LocalBackend())  # doctest: +SKIP
-        >>> await model.train(groups)  # doctest: +SKIP
+        >>> await model.register(LocalBackend())  # needs a registered model: a backend starts an engine and a gateway  # doctest: +SKIP
+        >>> await model.train(groups)  # needs a registered model: `groups` made with it  # doctest: +SKIP
     """
 
     base_model: str
@@ -229,8 +229,8 @@ class TrainableModel(Model[ModelConfig], Generic[ModelConfig]):
         which tunes ART's own pipeline and has no effect here.
 
         Example:
-            >>> await model.train_sft("demos.jsonl", config=art.SFTConfig(epochs=3))  # doctest: +SKIP
-            >>> await model.train_sft(art.best_trajectories(groups, min_reward=1.0))  # doctest: +SKIP
+            >>> await model.train_sft("demos.jsonl", config=art.SFTConfig(epochs=3))  # needs a registered model: and `demos.jsonl`  # doctest: +SKIP
+            >>> await model.train_sft(art.best_trajectories(groups, min_reward=1.0))  # needs a registered model  # doctest: +SKIP
         """
         if _config:
             warnings.warn(
@@ -266,8 +266,8 @@ class TrainableModel(Model[ModelConfig], Generic[ModelConfig]):
 
         Example:
             >>> result = await model.export("exports/agent", format="merged",
-            ...                              best="val/reward")  # doctest: +SKIP
-            >>> result.step  # doctest: +SKIP
+            ...                              best="val/reward")  # needs a registered model, trained  # doctest: +SKIP
+            >>> result.step  # needs a registered model  # doctest: +SKIP
             3
         """
         return await self.backend().export(

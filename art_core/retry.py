@@ -31,8 +31,9 @@ def retry(
     the log). The last attempt's exception propagates; other exceptions are never retried.
 
     Example:
+        >>> import openai
         >>> @retry(exceptions=(openai.LengthFinishReasonError,))
-        ... async def rollout(model, scenario) -> Trajectory: ...  # doctest: +SKIP
+        ... async def rollout(model, scenario) -> Trajectory: ...
     """
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise ValueError(f"max_attempts must be an int >= 1, got {max_attempts!r}")

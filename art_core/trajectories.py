@@ -233,8 +233,11 @@ class Trajectory(BaseModel):
         """Add the time spent inside the block to ``metrics[f"{metric_name}_duration"]``.
 
         Example:
-            >>> async with trajectory.track_duration("tool"):  # doctest: +SKIP
-            ...     result = await call_tool()
+            >>> trajectory = Trajectory(messages_and_choices=[])
+            >>> async with trajectory.track_duration("tool"):
+            ...     result = await asyncio.sleep(0.01)  # the tool call
+            >>> "tool_duration" in trajectory.metrics
+            True
         """
         started = time.monotonic()
         try:

@@ -82,9 +82,9 @@ class LocalBackend(BackendBase):
 
     Example:
         >>> backend = LocalBackend(path=".art")
-        >>> await model.register(backend)  # doctest: +SKIP
-        >>> result = await backend.train(model, groups, learning_rate=1e-5)  # doctest: +SKIP
-        >>> await backend.close()  # doctest: +SKIP
+        >>> await model.register(backend)  # needs a registered model: `model`, and `groups` made with it  # doctest: +SKIP
+        >>> result = await backend.train(model, groups, learning_rate=1e-5)  # needs a registered model  # doctest: +SKIP
+        >>> await backend.close()
     """
 
     def __init__(
@@ -177,7 +177,7 @@ class LocalBackend(BackendBase):
         """Start the gateway now (``register`` does it on first use); a service calls this.
 
         Example:
-            >>> await LocalBackend(path=".art", port=7999).start()  # doctest: +SKIP
+            >>> await LocalBackend(path=".art", port=7999).start()  # starts a server: the gateway, on port 7999  # doctest: +SKIP
         """
         if not self._started:
             await asyncio.to_thread(self.server.start)
@@ -466,7 +466,7 @@ class LocalBackend(BackendBase):
         """Stop the step ``model`` is training now (see ``train``); False when none runs.
 
         Example:
-            >>> backend.cancel_training(model)  # doctest: +SKIP
+            >>> backend.cancel_training(model)  # needs a registered model, training  # doctest: +SKIP
             True
         """
         cancel = self._entry(model).cancel
@@ -738,7 +738,7 @@ class LocalBackend(BackendBase):
         {project}/models/{name}/`` (ART's layout and name; see ``art_core.backends.s3``).
 
         Example:
-            >>> await backend._experimental_push_to_s3(model)  # doctest: +SKIP
+            >>> await backend._experimental_push_to_s3(model)  # needs a network service: S3  # doctest: +SKIP
         """
         return await push_model_folder(
             self.model_folder(model),
@@ -765,8 +765,8 @@ class LocalBackend(BackendBase):
         trainer already read the folder, so pulling under them is refused.
 
         Example:
-            >>> await backend._experimental_pull_from_s3(model)  # doctest: +SKIP
-            >>> await model.register(backend)  # doctest: +SKIP
+            >>> await backend._experimental_pull_from_s3(model)  # needs a network service: S3  # doctest: +SKIP
+            >>> await model.register(backend)  # needs a registered model  # doctest: +SKIP
         """
         if model.name in self._models:
             raise RuntimeError(

@@ -106,11 +106,14 @@ class RemoteBackend(BackendBase):
     """Serve and train models on an ``art-core serve`` server.
 
     Example:
-        >>> backend = RemoteBackend("http://gpu-box:7999", token=os.environ["ART_CORE_TOKEN"])
+        >>> import art_core as art
+        >>> backend = RemoteBackend("http://gpu-box:7999")  # the token: $ART_CORE_TOKEN
+        >>> backend.base_url
+        'http://gpu-box:7999/v1'
         >>> model = art.TrainableModel(name="agent-001", project="demo", base_model="smollm2-135m")
-        >>> await model.register(backend)  # doctest: +SKIP
-        >>> async with art.capture(model) as run: ...  # rollouts use the server's gateway  # doctest: +SKIP
-        >>> await model.train(groups)  # doctest: +SKIP
+        >>> await model.register(backend)  # needs a network service: an `art-core serve` server  # doctest: +SKIP
+        >>> async with art.capture(model) as run: ...  # rollouts use the server's gateway  # needs a network service  # doctest: +SKIP
+        >>> await model.train(groups)  # needs a network service  # doctest: +SKIP
     """
 
     def __init__(
@@ -416,7 +419,7 @@ class RemoteBackend(BackendBase):
         step and serves it. Cancelling the task that awaits ``train`` does this too.
 
         Example:
-            >>> (await backend.cancel_job("job_3f9c..."))["status"]  # doctest: +SKIP
+            >>> (await backend.cancel_job("job_3f9c..."))["status"]  # needs a network service: an `art-core serve` server  # doctest: +SKIP
             'cancelled'
         """
         result: dict[str, Any] = await self._request(
@@ -463,7 +466,7 @@ class RemoteBackend(BackendBase):
         """A training job's status and outcome (``succeeded`` / ``failed`` / ``interrupted``).
 
         Example:
-            >>> (await backend.job_status("job_3f9c..."))["status"]  # doctest: +SKIP
+            >>> (await backend.job_status("job_3f9c..."))["status"]  # needs a network service: an `art-core serve` server  # doctest: +SKIP
             'succeeded'
         """
         result: dict[str, Any] = await self._request(
@@ -534,7 +537,7 @@ class RemoteBackend(BackendBase):
         nothing at ``out``.
 
         Example:
-            >>> await backend.export(model, "exports/agent", format="merged")  # doctest: +SKIP
+            >>> await backend.export(model, "exports/agent", format="merged")  # needs a network service: an `art-core serve` server  # doctest: +SKIP
             ExportResult(path=PosixPath('/home/me/exports/agent'), format='merged', ...)
         """
         from art_core.export.archive import relocate, unpack  # tarfile: kept off `import art_core`

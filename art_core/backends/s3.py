@@ -127,8 +127,8 @@ class S3Folder:
     """One model folder's copy in S3 (blocking calls: run them in a thread).
 
     Example:
-        >>> remote = S3Folder(folder, bucket="my-backups")  # doctest: +SKIP
-        >>> remote.push().summary()  # doctest: +SKIP
+        >>> remote = S3Folder(folder, bucket="my-backups")  # needs a network service: S3  # doctest: +SKIP
+        >>> remote.push().summary()  # needs a network service: S3  # doctest: +SKIP
         '7 copied, 0 unchanged, 0 deleted'
     """
 
@@ -322,7 +322,7 @@ async def push_model_folder(
     """Upload a model's folder to S3 (off the event loop).
 
     Example:
-        >>> await push_model_folder(backend.model_folder(model), bucket="b")  # doctest: +SKIP
+        >>> await push_model_folder(backend.model_folder(model), bucket="b")  # needs a network service: S3  # doctest: +SKIP
     """
 
     def run() -> SyncReport:
@@ -347,7 +347,7 @@ async def pull_model_folder(
     """Download a model's folder (or one checkpoint) from S3 (off the event loop).
 
     Example:
-        >>> await pull_model_folder(backend.model_folder(model), bucket="b")  # doctest: +SKIP
+        >>> await pull_model_folder(backend.model_folder(model), bucket="b")  # needs a network service: S3  # doctest: +SKIP
     """
 
     def run() -> SyncReport:

@@ -31,8 +31,16 @@ class ChatFormat:
     read as tool calls too (marked ``parser="bare_json"``).
 
     Example:
-        >>> chat_format = detect_chat_format(tokenizer)  # registry.py  # doctest: +SKIP
-        >>> chat_format.parse(text, tools, opened_reasoning=False).tool_calls  # doctest: +SKIP
+        >>> from transformers import AutoTokenizer
+        >>> from art_core.chat_formats.registry import chat_format_for
+        >>> from art_core.embedded import resolve_base_model
+        >>> chat_format = chat_format_for(AutoTokenizer.from_pretrained(resolve_base_model("tiny-qwen3")))
+        >>> tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        ...     "type": "object", "properties": {"city": {"type": "string"}}}}}]
+        >>> text = '<tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n</tool_call>'
+        >>> answer = chat_format.parse(text, tools, parses_tools=True, opened_reasoning=False)
+        >>> [call["function"] for call in answer.tool_calls]
+        [{'name': 'get_weather', 'arguments': '{"city": "Paris"}'}]
     """
 
     tools: ToolCallFormat
@@ -103,7 +111,14 @@ class ChatFormat:
         of ``tools`` in this format (after an optional reasoning block for thinking models).
 
         Example:
-            >>> chat_format.tool_call_grammar(tools, parallel=False, opened_reasoning=False)  # doctest: +SKIP
+            >>> from transformers import AutoTokenizer
+            >>> from art_core.chat_formats.registry import chat_format_for
+            >>> from art_core.embedded import resolve_base_model
+            >>> chat_format = chat_format_for(AutoTokenizer.from_pretrained(resolve_base_model("tiny-qwen3")))
+            >>> tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+            >>> grammar = chat_format.tool_call_grammar(tools, parallel=False, opened_reasoning=False)
+            >>> print(grammar.splitlines()[0])  # Qwen3 may think first: <think> is token 716
+            start: (<[716]> reason SPACE)? calls
         """
         if not tools:
             raise ValueError("a tool call can only be forced when `tools` are given")

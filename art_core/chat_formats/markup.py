@@ -20,8 +20,11 @@ class Markup:
     """A tokenizer's view of the markup strings of one chat format.
 
     Example:
-        >>> markup = Markup(tokenizer, keep=["[TOOL_CALLS]"])  # doctest: +SKIP
-        >>> markup.literal("[TOOL_CALLS]")  # doctest: +SKIP
+        >>> from transformers import AutoTokenizer
+        >>> from art_core.embedded import resolve_base_model
+        >>> tokenizer = AutoTokenizer.from_pretrained(resolve_base_model("tiny-mistral"))
+        >>> markup = Markup(tokenizer, keep=["[TOOL_CALLS]"])
+        >>> markup.literal("[TOOL_CALLS]")
         '<[5]>'
     """
 

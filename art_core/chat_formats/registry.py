@@ -55,7 +55,10 @@ def detect_tool_format(tokenizer: Any) -> ToolCallFormat:
     format of the project's own ChatML template).
 
     Example:
-        >>> detect_tool_format(tokenizer).name  # doctest: +SKIP
+        >>> from transformers import AutoTokenizer
+        >>> from art_core.embedded import resolve_base_model
+        >>> tokenizer = AutoTokenizer.from_pretrained(resolve_base_model("tiny-qwen3"))
+        >>> detect_tool_format(tokenizer).name
         'hermes'
     """
     template = _template(tokenizer)
@@ -97,8 +100,11 @@ def chat_format_for(
     Raises ``ValueError`` naming the known parsers for an unknown name.
 
     Example:
-        >>> chat_format_for(tokenizer, tool_call_parser="llama3_json").name  # doctest: +SKIP
-        'llama3_json'
+        >>> from transformers import AutoTokenizer
+        >>> from art_core.embedded import resolve_base_model
+        >>> tokenizer = AutoTokenizer.from_pretrained(resolve_base_model("tiny-qwen3"))
+        >>> chat_format_for(tokenizer).name, chat_format_for(tokenizer, tool_call_parser="llama3_json").name
+        ('hermes', 'llama3_json')
     """
     if tool_call_parser is not None:
         make = TOOL_CALL_PARSERS.get(tool_call_parser)

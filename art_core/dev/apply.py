@@ -79,7 +79,8 @@ def internal_overrides(
     unset. Warns, naming the keys that have no effect here.
 
     Example:
-        >>> internal_overrides({"peft_args": {"r": 16}}, TrainConfig(), {})  # doctest: +SKIP
+        >>> from art_core.training.config import TrainConfig
+        >>> internal_overrides({"peft_args": {"r": 16}}, TrainConfig(), {})
         {'lora_rank': 16}
     """
     fields, ignored = train_defaults(internal_config)

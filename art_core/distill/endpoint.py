@@ -73,10 +73,11 @@ class EndpointTeacher:
     tries. Synchronous: the trainer calls ``score`` from its worker thread.
 
     Example:
+        >>> from art_core.training.sequences import TokenSequence
         >>> teacher = EndpointTeacher("http://127.0.0.1:8000/v1", "Qwen/Qwen3-8B")
         >>> seq = TokenSequence([5, 6, 7], [False, True, True], [0.0, -1.2, -0.4])
-        >>> [scores] = teacher.score([seq], top_k=2)  # doctest: +SKIP
-        >>> len(scores.token_logprobs), len(scores.top_ids[0])  # doctest: +SKIP
+        >>> [scores] = teacher.score([seq], top_k=2)  # needs a network service: a vLLM server at that address  # doctest: +SKIP
+        >>> len(scores.token_logprobs), len(scores.top_ids[0])  # needs a network service  # doctest: +SKIP
         (2, 2)
         >>> teacher.close()
     """

@@ -50,12 +50,13 @@ class LocalTeacher:
     alone).
 
     Example:
-        >>> teacher = LocalTeacher("tiny-random")  # doctest: +SKIP
-        >>> seq = TokenSequence([5, 6, 7], [False, True, True], [0.0, -1.2, -0.4])  # doctest: +SKIP
-        >>> [scores] = teacher.score([seq], top_k=2)  # doctest: +SKIP
-        >>> len(scores.token_logprobs), len(scores.top_ids[0])  # doctest: +SKIP
+        >>> from art_core.training.sequences import TokenSequence
+        >>> teacher = LocalTeacher("tiny-random")
+        >>> seq = TokenSequence([5, 6, 7], [False, True, True], [0.0, -1.2, -0.4])
+        >>> [scores] = teacher.score([seq], top_k=2)
+        >>> len(scores.token_logprobs), len(scores.top_ids[0])
         (2, 2)
-        >>> teacher.close()  # doctest: +SKIP
+        >>> teacher.close()
     """
 
     def __init__(
@@ -116,7 +117,7 @@ class LocalTeacher:
         """Load the model now (else the first ``score`` does).
 
         Example:
-            >>> LocalTeacher("tiny-random").load()  # doctest: +SKIP
+            >>> LocalTeacher("tiny-random").load()
         """
         with self._lock:
             self._ensure_loaded()
@@ -130,9 +131,10 @@ class LocalTeacher:
         ``top_k`` is outside 0..``MAX_TOP_K`` or an id is outside the teacher's vocabulary.
 
         Example:
+            >>> from art_core.training.sequences import TokenSequence
             >>> seq = TokenSequence([5, 6, 7], [False, False, True], [0.0, 0.0, -0.3])
-            >>> [s] = LocalTeacher("tiny-random").score([seq], top_k=3)  # doctest: +SKIP
-            >>> len(s.token_logprobs), len(s.top_ids[0]), s.top_logprobs[0] == sorted(s.top_logprobs[0], reverse=True)  # doctest: +SKIP
+            >>> [s] = LocalTeacher("tiny-random").score([seq], top_k=3)
+            >>> len(s.token_logprobs), len(s.top_ids[0]), s.top_logprobs[0] == sorted(s.top_logprobs[0], reverse=True)
             (1, 3, True)
         """
         if not 0 <= top_k <= MAX_TOP_K:
@@ -161,7 +163,10 @@ class LocalTeacher:
         """Free the model (a later ``score`` loads it again).
 
         Example:
-            >>> teacher.close()  # doctest: +SKIP
+            >>> teacher = LocalTeacher("tiny-random")
+            >>> teacher.score([], top_k=0)  # loads the model
+            []
+            >>> teacher.close()
         """
         with self._lock:
             if self._model is None:

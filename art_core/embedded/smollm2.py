@@ -39,7 +39,7 @@ def convert_smollm2(folder: Path) -> None:
     """Dequantize the GGUF model once and save it as a Hugging Face folder.
 
     Example:
-        >>> convert_smollm2(Path(".art/base_models/smollm2-135m"))  # doctest: +SKIP
+        >>> convert_smollm2(Path(".art/base_models/smollm2-135m"))  # too slow for a docstring: dequantizes smollm2-135m, ~20 s  # doctest: +SKIP
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

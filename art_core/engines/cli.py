@@ -12,7 +12,7 @@ def report() -> int:
     """Print each engine's availability and what ``engine="auto"`` picks.
 
     Example:
-        >>> report()  # doctest: +SKIP
+        >>> report()  # changes process-wide state: caches vLLM's status for the process (a test run installs vLLM meanwhile)  # doctest: +SKIP
     """
 
     status = vllm_status()

@@ -227,9 +227,9 @@ class CompiledDecodeStep:
     each bucket's first call in ``compile_seconds`` (dynamo and inductor, or a cache hit).
 
     Example:
-        >>> step = CompiledDecodeStep(model, pad_id=0)  # doctest: +SKIP
-        >>> logits = step.prefill([[5, 6, 7], [8, 9]])  # doctest: +SKIP
-        >>> logits = step.decode(logits.argmax(-1))  # doctest: +SKIP
+        >>> step = CompiledDecodeStep(model, pad_id=0)  # too slow for a docstring: inductor compiles the step (tens of seconds)  # doctest: +SKIP
+        >>> logits = step.prefill([[5, 6, 7], [8, 9]])  # too slow for a docstring  # doctest: +SKIP
+        >>> logits = step.decode(logits.argmax(-1))  # too slow for a docstring  # doctest: +SKIP
     """
 
     def __init__(

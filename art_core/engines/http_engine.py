@@ -47,8 +47,8 @@ class HTTPEngine(ServesAdapters):
 
     Example:
         >>> engine = HTTPEngine(max_loras=4)
-        >>> engine.url = "http://127.0.0.1:8000"  # a server already running  # doctest: +SKIP
-        >>> await engine.connect()  # doctest: +SKIP
+        >>> engine.url = "http://127.0.0.1:8000"  # a server already running  # needs a network service: an engine server there  # doctest: +SKIP
+        >>> await engine.connect()  # needs a network service  # doctest: +SKIP
     """
 
     def __init__(self, *, max_loras: int = 4, name: str = "engine server") -> None:

@@ -124,8 +124,8 @@ def read_adapter(folder: Path) -> _AdapterWeights:
     Raises ``UnsupportedAdapter`` for anything but plain LoRA on linear layers.
 
     Example:
-        >>> weights = read_adapter(Path("checkpoints/0003"))  # doctest: +SKIP
-        >>> sorted(weights.deltas)[0]                          # doctest: +SKIP
+        >>> weights = read_adapter(Path("checkpoints/0003"))  # needs files: a trained checkpoint  # doctest: +SKIP
+        >>> sorted(weights.deltas)[0]                          # needs files  # doctest: +SKIP
         'model.layers.0.mlp.down_proj'
     """
     from safetensors.torch import load_file
@@ -201,10 +201,10 @@ class LoraServer:
     """The LoRA adapters of one model; ``activate`` picks the one every forward applies.
 
     Example:
-        >>> server = LoraServer(model)                       # doctest: +SKIP
-        >>> server.load("step-3", Path("checkpoints/0003"))  # doctest: +SKIP
-        >>> server.activate("step-3")                        # doctest: +SKIP
-        >>> logits = model(input_ids).logits                 # doctest: +SKIP
+        >>> server = LoraServer(model)                       # fragment: a loaded `model`, a trained checkpoint  # doctest: +SKIP
+        >>> server.load("step-3", Path("checkpoints/0003"))  # fragment  # doctest: +SKIP
+        >>> server.activate("step-3")                        # fragment  # doctest: +SKIP
+        >>> logits = model(input_ids).logits                 # fragment  # doctest: +SKIP
     """
 
     def __init__(self, model: nn.Module) -> None:

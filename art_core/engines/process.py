@@ -46,8 +46,8 @@ class ServerProcess:
 
     Example:
         >>> server = ServerProcess(["python", "-m", "http.server", "8000"], Path("s.log"),
-        ...                        url="http://127.0.0.1:8000")  # doctest: +SKIP
-        >>> await server.start(); await server.wait_ready("/", within_s=30)  # doctest: +SKIP
+        ...                        url="http://127.0.0.1:8000")  # starts a server: on port 8000  # doctest: +SKIP
+        >>> await server.start(); await server.wait_ready("/", within_s=30)  # starts a server  # doctest: +SKIP
     """
 
     def __init__(

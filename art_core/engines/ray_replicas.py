@@ -109,7 +109,7 @@ class RayWorkerEngine(WorkerClient):
 
     Example:
         >>> engine = RayWorkerEngine(path, spec=ReplicaSpec(0, None, 1, None),
-        ...                          placement=placement, chat=chat)  # doctest: +SKIP
+        ...                          placement=placement, chat=chat)  # fragment: a Ray cluster's `placement`, a model's `path` and `chat`  # doctest: +SKIP
     """
 
     def __init__(

@@ -24,8 +24,8 @@ all (a replica that is down loads it when it is back), ``resume`` resumes all. E
 carries the replica that served it (recorded in ``LLMCall.replica``).
 
 Example:
-    >>> router = ReplicaRouter([engine_a, engine_b])  # doctest: +SKIP
-    >>> await router.start()  # doctest: +SKIP
+    >>> router = ReplicaRouter([engine_a, engine_b])  # fragment: two started engines  # doctest: +SKIP
+    >>> await router.start()  # fragment  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ class ReplicaRouter(ServesAdapters):
         sampled since the previous reading, restarts, whether it is live.
 
         Example:
-            >>> router.metrics()["serving/replica0/in_flight"]  # doctest: +SKIP
+            >>> router.metrics()["serving/replica0/in_flight"]  # fragment: a router serving requests  # doctest: +SKIP
             3.0
         """
         now = time.monotonic()

@@ -59,8 +59,9 @@ def load_chat_tokenizer(
     markup (Gemma's, else ChatML), so every engine renders prompts identically.
 
     Example:
-        >>> chat = load_chat_tokenizer(Path(".art/base_models/tiny-random"))  # doctest: +SKIP
-        >>> sorted(chat.eos_token_ids)  # doctest: +SKIP
+        >>> from art_core.embedded import resolve_base_model
+        >>> chat = load_chat_tokenizer(resolve_base_model("tiny-random"))
+        >>> sorted(chat.eos_token_ids)
         [0, 2]
     """
     from transformers import AutoTokenizer, GenerationConfig

@@ -108,9 +108,13 @@ class TransformersEngine(ServesAdapters):
     default from free memory, 0 for none.
 
     Example:
-        >>> engine = TransformersEngine(Path(".art/base_models/tiny-random"))  # doctest: +SKIP
-        >>> await engine.start()  # doctest: +SKIP
-        >>> [result] = await engine.generate(GenerationRequest([1, 2, 3], SamplingParams()))  # doctest: +SKIP
+        >>> from art_core.embedded import resolve_base_model
+        >>> engine = TransformersEngine(resolve_base_model("tiny-random"))
+        >>> await engine.start()
+        >>> [result] = await engine.generate(GenerationRequest([1, 2, 3], SamplingParams(max_tokens=4)))
+        >>> len(result.token_ids), result.finish_reason
+        (4, 'length')
+        >>> await engine.close()
     """
 
     def __init__(
@@ -256,8 +260,11 @@ class TransformersEngine(ServesAdapters):
         the engine's own torch calls (a profiler) starts there.
 
         Example:
-            >>> await engine.run_in_model_thread(torch.get_num_threads)  # doctest: +SKIP
-            2
+            >>> from art_core.embedded import resolve_base_model
+            >>> engine = TransformersEngine(resolve_base_model("tiny-random"))
+            >>> await engine.run_in_model_thread(torch.get_num_threads) >= 1
+            True
+            >>> await engine.close()
         """
         return await self._in_worker(fn, *args)
 
@@ -283,8 +290,14 @@ class TransformersEngine(ServesAdapters):
         """Prefill counters and the prefix cache's figures (hit rate, bytes, evictions).
 
         Example:
-            >>> engine.metrics()["prefix_cache/hit_rate"]  # doctest: +SKIP
-            0.93
+            >>> from art_core.embedded import resolve_base_model
+            >>> engine = TransformersEngine(resolve_base_model("tiny-random"))
+            >>> await engine.start()
+            >>> prompt = GenerationRequest(list(range(5, 105)), SamplingParams(max_tokens=2))
+            >>> _ = await engine.generate(prompt); _ = await engine.generate(prompt)
+            >>> engine.metrics()["prefix_cache/hit_rate"]  # the second prefill was mostly cached
+            0.48
+            >>> await engine.close()
         """
         out = {
             prefix + "prefill/tokens_asked": float(self.prefill_tokens_asked),
@@ -1212,7 +1225,9 @@ def cache_keyword(model: Any) -> str:
     ``past_key_values``.
 
     Example:
-        >>> cache_keyword(AutoModelForCausalLM.from_pretrained(path))  # doctest: +SKIP
+        >>> from transformers import AutoModelForCausalLM
+        >>> from art_core.embedded import resolve_base_model
+        >>> cache_keyword(AutoModelForCausalLM.from_pretrained(resolve_base_model("tiny-random")))
         'cache'
     """
     parameters = inspect.signature(type(model).forward).parameters

@@ -28,8 +28,8 @@ class VLLMEngine(HTTPEngine):
     """vLLM behind the gateway, as a managed subprocess.
 
     Example:
-        >>> engine = VLLMEngine(Path(".art/base_models/smollm2-135m"), log_dir=Path("logs"))  # doctest: +SKIP
-        >>> await engine.start()  # ~1 minute on CPU: vLLM loads and profiles the model  # doctest: +SKIP
+        >>> engine = VLLMEngine(Path(".art/base_models/smollm2-135m"), log_dir=Path("logs"))  # needs an install: vLLM's runtime  # doctest: +SKIP
+        >>> await engine.start()  # ~1 minute on CPU: vLLM loads and profiles the model  # needs an install  # doctest: +SKIP
     """
 
     def __init__(

@@ -68,7 +68,7 @@ def vllm_status() -> RuntimeStatus:
     """Whether vLLM can run here, and why not (cached for the process).
 
     Example:
-        >>> vllm_status().reason  # doctest: +SKIP
+        >>> vllm_status().reason  # changes process-wide state: the status is cached for the process (a test run installs vLLM meanwhile)  # doctest: +SKIP
         'vllm 0.32.0 in /root/.cache/art_core/runtimes/vllm-cpu'
     """
     python = runtime_python()
@@ -97,7 +97,7 @@ def install_vllm_runtime(kind: str | None = None, *, quiet: bool = True) -> Path
     """Create the vLLM runtime venv (idempotent) and return its python.
 
     Example:
-        >>> install_vllm_runtime("cpu")  # doctest: +SKIP
+        >>> install_vllm_runtime("cpu")  # needs an install: this is the install (minutes, a download)  # doctest: +SKIP
     """
     kind = kind or runtime_kind()
     if kind not in PINS:

@@ -131,7 +131,7 @@ class WorkerApp:
     """The worker's HTTP app over one started engine.
 
     Example:
-        >>> app = WorkerApp(engine).app  # serve with uvicorn  # doctest: +SKIP
+        >>> app = WorkerApp(engine).app  # serve with uvicorn  # fragment: a started `engine`  # doctest: +SKIP
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -373,8 +373,8 @@ class ThreadedWorker:
     (a Ray actor serves this way: its own methods stay free for Ray's calls).
 
     Example:
-        >>> worker = ThreadedWorker(engine, host="0.0.0.0")  # doctest: +SKIP
-        >>> worker.port  # doctest: +SKIP
+        >>> worker = ThreadedWorker(engine, host="0.0.0.0")  # starts a server: on every interface  # doctest: +SKIP
+        >>> worker.port  # starts a server  # doctest: +SKIP
         41235
     """
 

@@ -212,7 +212,7 @@ class WorkerEngine(WorkerClient):
     Example:
         >>> engine = WorkerEngine(Path(".art/base_models/tiny-random"), log_dir=Path("logs"),
         ...                       cpus=[0], threads=1)
-        >>> await engine.start()  # doctest: +SKIP
+        >>> await engine.start()  # starts a server: a worker process serving the model  # doctest: +SKIP
     """
 
     def __init__(

@@ -137,7 +137,10 @@ class EvalReport:
         """The reported score of a label (``"latest"``, ``"best"``, ``"0"``, ``3``).
 
         Example:
-            >>> report.score("best").summary.mean_reward  # doctest: +SKIP
+            >>> from art_core.evals.stats import summarize
+            >>> score = StepScore(3, "test", ("latest", "best"), summarize([[1.0, 1.0], [1.0, 0.0]]), 5.0, 0.5, 0)
+            >>> report = EvalReport("agent", "test", [score])
+            >>> report.score("best").summary.mean_reward  # with its 95% interval
             Estimate(value=0.75, low=0.5, high=1.0)
         """
         wanted = parse_steps([label])[0]
@@ -236,8 +239,8 @@ async def evaluate(
     not train meanwhile (the engine serves the evaluated step by default while it runs).
 
     Example:
-        >>> report = await evaluate(model, rollout, tasks, steps=["0", "latest"], k=(1, 4))  # doctest: +SKIP
-        >>> print(report.table())  # doctest: +SKIP
+        >>> report = await evaluate(model, rollout, tasks, steps=["0", "latest"], k=(1, 4))  # needs a registered model: `model`, `rollout`, `tasks`  # doctest: +SKIP
+        >>> print(report.table())  # needs a registered model  # doctest: +SKIP
     """
     labels = parse_steps(steps)
     ks = sorted(set(k))

@@ -95,7 +95,7 @@ def estimate_export_bytes(
     Raises what ``export_checkpoint`` raises for a bad format, step or metric.
 
     Example:
-        >>> estimate_export_bytes(".art/demo/models/agent-001", format="merged")  # doctest: +SKIP
+        >>> estimate_export_bytes(".art/demo/models/agent-001", format="merged")  # needs files: a trained model folder  # doctest: +SKIP
         30150656
     """
     _check_format(format, gguf_type)
@@ -154,8 +154,8 @@ def export_checkpoint(
 
     Example:
         >>> result = export_checkpoint(".art/demo/models/agent-001", "exports/agent",
-        ...                            format="merged", best="val/reward")  # doctest: +SKIP
-        >>> result.step, result.path  # doctest: +SKIP
+        ...                            format="merged", best="val/reward")  # needs files: a trained model folder  # doctest: +SKIP
+        >>> result.step, result.path  # needs files  # doctest: +SKIP
         (3, PosixPath('/home/me/exports/agent'))
     """
     _check_format(format, gguf_type)

@@ -18,7 +18,7 @@ Ollama and transformers' GGUF loader all read it:
   ``tokenizer.chat_template``.
 
 Example:
-    >>> write_gguf(Path("merged"), Path("export"), model_name="agent")  # doctest: +SKIP
+    >>> write_gguf(Path("merged"), Path("export"), model_name="agent")  # needs files: a merged model folder  # doctest: +SKIP
     PosixPath('export/agent.gguf')
 """
 
@@ -361,7 +361,7 @@ def write_gguf(
     once complete.
 
     Example:
-        >>> write_gguf(Path("merged"), Path("out"), gguf_type="q8_0", model_name="m")  # doctest: +SKIP
+        >>> write_gguf(Path("merged"), Path("out"), gguf_type="q8_0", model_name="m")  # needs files: a merged model folder  # doctest: +SKIP
         PosixPath('out/m.gguf')
     """
     import gguf

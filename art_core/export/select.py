@@ -94,7 +94,7 @@ def choose_checkpoint(
     each naming the steps there are.
 
     Example:
-        >>> choose_checkpoint(folder, best="val/reward")  # doctest: +SKIP
+        >>> choose_checkpoint(folder, best="val/reward")  # needs files: a model folder with checkpoints and history  # doctest: +SKIP
         Choice(step=2, how='best', metric='val/reward', value=0.75, higher_is_better=True)
     """
     if step is not None and best is not None:

@@ -40,8 +40,10 @@ def build_atomically(out: Path, build: Callable[[Path], None], *, overwrite: boo
     the old one deleted (restored if the rename in fails).
 
     Example:
-        >>> build_atomically(Path("/tmp/x"), lambda d: (d / "a").write_text("1"), overwrite=True)  # doctest: +SKIP
-        PosixPath('/tmp/x')
+        >>> build_atomically(Path("x"), lambda d: (d / "a").write_text("1"), overwrite=True)
+        PosixPath('x')
+        >>> (Path("x") / "a").read_text()
+        '1'
     """
     check_out(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -54,7 +54,7 @@ async def sample_shielded(calls: list[PreparedCall]) -> list[Sampled]:
     the engine stopped answering).
 
     Example:
-        >>> (sampled,) = await sample_shielded([prepared])  # doctest: +SKIP
+        >>> (sampled,) = await sample_shielded([prepared])  # fragment: a `prepared` call inside the gateway  # doctest: +SKIP
     """
     tasks = [asyncio.ensure_future(sample_and_record(call)) for call in calls]
     try:
@@ -83,7 +83,7 @@ async def stream_answer(calls: list[PreparedCall], encoder: StreamEncoder) -> As
     not fail are still recorded and handed to it).
 
     Example:
-        >>> event_stream(stream_answer([prepared], ChatEncoder(prepared)))  # doctest: +SKIP
+        >>> event_stream(stream_answer([prepared], ChatEncoder(prepared)))  # fragment: a `prepared` call inside the gateway  # doctest: +SKIP
     """
     for event in encoder.opening():
         yield event

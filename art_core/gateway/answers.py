@@ -86,7 +86,7 @@ class ChatFormatReader:
 
     Example:
         >>> reader = ChatFormatReader()
-        >>> reader.answer(prepared, result).message["role"]  # doctest: +SKIP
+        >>> reader.answer(prepared, result).message["role"]  # fragment: a `prepared` call and the engine's `result`  # doctest: +SKIP
         'assistant'
     """
 
@@ -132,7 +132,7 @@ class RawTextReader:
     at the first stop string: Completions' answer.
 
     Example:
-        >>> RawTextReader(skip_special=False).answer(prepared, result).message  # doctest: +SKIP
+        >>> RawTextReader(skip_special=False).answer(prepared, result).message  # fragment: a `prepared` call and the engine's `result`  # doctest: +SKIP
         {'role': 'assistant', 'content': 'Hello'}
     """
 

@@ -47,7 +47,7 @@ class Gateway(Serving):
 
     Example:
         >>> gateway = Gateway()
-        >>> gateway.add(served_model)  # doctest: +SKIP
+        >>> gateway.add(served_model)  # fragment: a `ServedModel` (an engine, its tokenizer, a call store)  # doctest: +SKIP
         >>> app = gateway.app  # run with uvicorn
     """
 

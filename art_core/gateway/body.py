@@ -61,7 +61,8 @@ class BodyLimit:
     the bytes are also left in ``scope["art.body"]`` for later middleware.
 
     Example:
-        >>> app = BodyLimit(inner_app, max_bytes=1 << 20)  # doctest: +SKIP
+        >>> from starlette.applications import Starlette
+        >>> app = BodyLimit(Starlette(), max_bytes=1 << 20)
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
@@ -207,7 +208,7 @@ async def read_body(request: Request, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -
     limit.
 
     Example:
-        >>> raw = await read_body(request)  # doctest: +SKIP
+        >>> raw = await read_body(request)  # fragment: a Starlette `request`  # doctest: +SKIP
     """
     body = request.scope.get(BODY_SCOPE_KEY)
     if body is None:
@@ -239,6 +240,6 @@ async def read_json_object(
     """The request's body as a JSON object; ``APIError`` 400/413 otherwise.
 
     Example:
-        >>> payload = await read_json_object(request)  # doctest: +SKIP
+        >>> payload = await read_json_object(request)  # fragment: a Starlette `request`  # doctest: +SKIP
     """
     return parse_json_object(await read_body(request, max_bytes))

@@ -96,7 +96,7 @@ async def sampled_deltas(
     batch's deltas come as one list (one write to the client).
 
     Example:
-        >>> async for item in sampled_deltas([prepared], [StreamedText(1)]):  # doctest: +SKIP
+        >>> async for item in sampled_deltas([prepared], [StreamedText(1)]):  # fragment: a `prepared` call inside the gateway  # doctest: +SKIP
         ...     print(item)
     """
     inbox = TokenInbox()

@@ -181,7 +181,7 @@ async def send_error(
     its Messages routes, else OpenAI's).
 
     Example:
-        >>> await send_error(send, scope, 429, "busy", type="rate_limit_error")  # doctest: +SKIP
+        >>> await send_error(send, scope, 429, "busy", type="rate_limit_error")  # fragment: an ASGI middleware's `send` and `scope`  # doctest: +SKIP
     """
     if is_anthropic_path(str(scope.get("path", ""))):
         body = anthropic_error_body(status, message)
@@ -215,8 +215,9 @@ async def http_exception_response(request: Request, exc: Exception) -> Response:
     Starlette app.
 
     Example:
-        >>> Starlette(routes=routes, exception_handlers={HTTPException: http_exception_response})
-        ... # doctest: +SKIP
+        >>> from starlette.applications import Starlette
+        >>> from starlette.exceptions import HTTPException
+        >>> app = Starlette(routes=[], exception_handlers={HTTPException: http_exception_response})
     """
     if not isinstance(exc, HTTPException):  # registered for HTTPException only
         raise exc

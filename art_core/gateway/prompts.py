@@ -112,8 +112,18 @@ class PromptBuilder:
     without holding the GIL, so a long prompt on a worker thread does not stall the loop).
 
     Example:
-        >>> builder = PromptBuilder(tokenizer, eos_token_ids={2})  # doctest: +SKIP
-        >>> ids = builder.build([{"role": "user", "content": "hi"}], tools=None, history=[])  # doctest: +SKIP
+        >>> from transformers import AutoTokenizer
+        >>> from art_core.embedded import resolve_base_model
+        >>> tokenizer = AutoTokenizer.from_pretrained(resolve_base_model("tiny-random"))
+        >>> builder = PromptBuilder(tokenizer, eos_token_ids={2})
+        >>> ids = builder.build([{"role": "user", "content": "hi"}], tools=None, history=[])
+        >>> print(tokenizer.decode(ids))
+        <|im_start|>system
+        You are a helpful assistant.<|im_end|>
+        <|im_start|>user
+        hi<|im_end|>
+        <|im_start|>assistant
+        <BLANKLINE>
     """
 
     def __init__(

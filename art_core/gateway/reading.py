@@ -57,7 +57,7 @@ async def read_parsed(serving: Serving, request: Request, parse: Callable[[bytes
     the event loop when the body and its metadata header are small, else on a worker thread.
 
     Example:
-        >>> parsed = await read_parsed(serving, request, parse_json_object)  # doctest: +SKIP
+        >>> parsed = await read_parsed(serving, request, parse_json_object)  # fragment: the gateway's `serving` and a `request`  # doctest: +SKIP
     """
     raw = await read_body(request, serving.max_body_bytes)
     header = request.headers.get("x-art-metadata")
@@ -73,7 +73,7 @@ async def read_translated(
     ``APIError`` (400) for a body or a translation that is wrong.
 
     Example:
-        >>> chat, translated = await read_translated(serving, request, translate)  # doctest: +SKIP
+        >>> chat, translated = await read_translated(serving, request, translate)  # fragment: the gateway's `serving` and a `request`  # doctest: +SKIP
     """
     header = request.headers.get("x-art-metadata")
 
@@ -111,7 +111,7 @@ async def prepare_translated(
     served), rendered and checked; a token limit the context cannot hold is lowered to fit.
 
     Example:
-        >>> call = await prepare_translated(serving, chat, t, api="responses", rollout_id=None)  # doctest: +SKIP
+        >>> call = await prepare_translated(serving, chat, t, api="responses", rollout_id=None)  # fragment: the gateway's `serving` and a translated request  # doctest: +SKIP
     """
     served, adapter = await serving.resolve(chat.chat.model)
     return await prepare_call(

@@ -36,8 +36,8 @@ async def sample_and_record(call: PreparedCall, on_tokens: TokenCallback | None 
     """Run ``call`` on its engine, then record one ``LLMCall`` per choice, in order.
 
     Example:
-        >>> sampled = await sample_and_record(prepared)  # doctest: +SKIP
-        >>> sampled.calls[0].finish_reason  # doctest: +SKIP
+        >>> sampled = await sample_and_record(prepared)  # fragment: a `prepared` call inside the gateway  # doctest: +SKIP
+        >>> sampled.calls[0].finish_reason  # fragment  # doctest: +SKIP
         'stop'
     """
     started = time.time()
@@ -71,7 +71,7 @@ def to_llm_call(
     them (``call.reader``) and its finish.
 
     Example:
-        >>> to_llm_call(prepared, result, time.time(), 0.1).completion_token_ids  # doctest: +SKIP
+        >>> to_llm_call(prepared, result, time.time(), 0.1).completion_token_ids  # fragment: a `prepared` call and the engine's `result`  # doctest: +SKIP
         [9906, 0]
     """
     answer = call.reader.answer(call, result)

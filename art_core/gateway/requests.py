@@ -98,7 +98,7 @@ def validate_request(
     remembers the JSON Schemas that passed.
 
     Example:
-        >>> validate_request({"model": "m", "messages": []}, None, SchemaChecks()).chat.model
+        >>> validate_request({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, None, SchemaChecks()).chat.model
         'm'
     """
     chat = parse_chat_request(payload, schema_checks)
@@ -232,8 +232,8 @@ async def prepare_call(
     ``api`` names theirs, ``request_params`` are their own recorded parameters.
 
     Example:
-        >>> call = await prepare_call(served, None, request, rollout_id="r1")  # doctest: +SKIP
-        >>> call.params.temperature, call.index  # doctest: +SKIP
+        >>> call = await prepare_call(served, None, request, rollout_id="r1")  # fragment: a `served` model and a `request`  # doctest: +SKIP
+        >>> call.params.temperature, call.index  # fragment  # doctest: +SKIP
         (1.0, 0)
     """
     chat = request.chat
@@ -308,7 +308,7 @@ async def render_prompt(
     cannot render.
 
     Example:
-        >>> messages, tools, ids = await render_prompt(served, chat, "r1")  # doctest: +SKIP
+        >>> messages, tools, ids = await render_prompt(served, chat, "r1")  # fragment: a `served` model and a parsed `chat` request  # doctest: +SKIP
     """
     messages = [normalize_message(m.model_dump(exclude_none=True)) for m in chat.messages]
     tools = [t.model_dump(exclude_none=True) for t in chat.tools] if chat.tools else None

@@ -37,7 +37,8 @@ class APIRoute:
     """One route of an API module.
 
     Example:
-        >>> APIRoute("/v1/completions", create).prefixes  # doctest: +SKIP
+        >>> from art_core.gateway.apis.completions import create
+        >>> APIRoute("/v1/completions", create).prefixes
         ('', '/rollouts/{rollout_id}')
     """
 
@@ -61,8 +62,9 @@ def mounted(serving: Serving, apis: Sequence[WireAPI]) -> list[Route]:
     first, then the rollout-scoped ones, each answering its errors in its API's shape.
 
     Example:
-        >>> [r.path for r in mounted(Serving(), [chat])][:1]  # doctest: +SKIP
-        ['/v1/chat/completions']
+        >>> from art_core.gateway.apis import chat
+        >>> [r.path for r in mounted(Serving(), [chat])]
+        ['/v1/chat/completions', '/rollouts/{rollout_id}/v1/chat/completions']
     """
     routes = []
     for prefix in ("", ROLLOUT_PREFIX):
@@ -91,7 +93,10 @@ def answered(
     and re-raise, keeps the client's keep-alive connection open.
 
     Example:
-        >>> Route("/health", answered(health))  # doctest: +SKIP
+        >>> from starlette.responses import PlainTextResponse
+        >>> async def health(request):
+        ...     return PlainTextResponse("ok")
+        >>> route = Route("/health", answered(health))
     """
 
     async def guarded(request: Request) -> Response:

@@ -19,8 +19,8 @@ class ServedModel:
     """A model the gateway serves: its engine, its chat tokenizer and its call record.
 
     Example:
-        >>> served = ServedModel("agent", engine, store, chat)  # doctest: +SKIP
-        >>> served.prompts.build(messages, None, [], None)  # doctest: +SKIP
+        >>> served = ServedModel("agent", engine, store, chat)  # fragment: a started `engine`, its `store` and `chat` tokenizer  # doctest: +SKIP
+        >>> served.prompts.build(messages, None, [], None)  # fragment  # doctest: +SKIP
     """
 
     name: str

@@ -30,9 +30,10 @@ class GatewayServer:
 
     Example:
         >>> server = GatewayServer(Gateway())
-        >>> server.start()  # doctest: +SKIP
-        >>> server.base_url  # doctest: +SKIP
-        'http://127.0.0.1:40123'
+        >>> server.start()  # on a free port of loopback
+        >>> server.base_url
+        'http://127.0.0.1:...'
+        >>> server.stop()
     """
 
     def __init__(

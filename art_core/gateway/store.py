@@ -76,7 +76,7 @@ def request_rows(calls: list[LLMCall]) -> tuple[tuple[str, str], list[tuple[Any,
     (a choice's ``top_logprobs``) stay with the choice.
 
     Example:
-        >>> (request_id, data), rows = request_rows([call])  # doctest: +SKIP
+        >>> (request_id, data), rows = request_rows([call])  # fragment: a recorded `call`  # doctest: +SKIP
     """
     first = calls[0]
     shared_metadata = {
@@ -149,7 +149,9 @@ def open_call_store(
     serves again, and the damaged record stays on disk for whoever wants to salvage it.
 
     Example:
-        >>> store = open_call_store(ModelFolder.of(".art", "demo", "m"))  # doctest: +SKIP
+        >>> store = open_call_store(ModelFolder.of(".art", "demo", "m"))
+        >>> store.calls_for("rollout_1")
+        []
     """
     damage = sqlite_damage(folder.calls_db)
     limits = functools.partial(
@@ -179,9 +181,10 @@ class CallStore:
     """Recorded ``LLMCall``s of one model, keyed by rollout id.
 
     Example:
-        >>> store = CallStore(Path(".art/demo/models/m/calls.sqlite"))  # doctest: +SKIP
-        >>> await store.record_request([call])  # doctest: +SKIP
-        >>> store.calls_for("rollout_1")  # doctest: +SKIP
+        >>> Path(".art/demo/models/m").mkdir(parents=True, exist_ok=True)
+        >>> store = CallStore(Path(".art/demo/models/m/calls.sqlite"))
+        >>> await store.record_request([call])  # fragment: a recorded `call`  # doctest: +SKIP
+        >>> store.calls_for("rollout_1")  # fragment  # doctest: +SKIP
     """
 
     def __init__(

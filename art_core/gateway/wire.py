@@ -47,7 +47,7 @@ def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
     """The streamed answer of ``events`` (``text/event-stream``, never cached).
 
     Example:
-        >>> event_stream(stream_answer([prepared], encoder))  # doctest: +SKIP
+        >>> event_stream(stream_answer([prepared], encoder))  # fragment: a `prepared` call and its `encoder`  # doctest: +SKIP
     """
     return StreamingResponse(
         events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}

@@ -11,9 +11,9 @@ runs.
 
 Example:
     >>> from art_core import metrics
-    >>> metrics.enable_wandb(project="agent-rl")  # doctest: +SKIP
-    >>> metrics.enable_mlflow("http://127.0.0.1:5000", experiment_name="agent-rl")  # doctest: +SKIP
-    >>> metrics.plot_history(Path(".art/demo/models/agent-001"))  # doctest: +SKIP
+    >>> metrics.enable_wandb(project="agent-rl")  # changes process-wide state: every model's records go to W&B from then on  # doctest: +SKIP
+    >>> metrics.enable_mlflow("http://127.0.0.1:5000", experiment_name="agent-rl")  # changes process-wide state: and needs an MLflow server  # doctest: +SKIP
+    >>> metrics.plot_history(Path(".art/demo/models/agent-001"))  # needs files: a model folder with a history  # doctest: +SKIP
 
 ``wandb``, ``httpx`` (MLflow) and ``matplotlib`` are imported only when W&B or MLflow is
 enabled or a plot is drawn.

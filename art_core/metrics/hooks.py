@@ -17,7 +17,7 @@ def train_step_finished(model: Any, metrics: Mapping[str, Any], step: int) -> No
     MLflow.
 
     Example:
-        >>> train_step_finished(model, {"train/reward": 0.4}, step=3)  # doctest: +SKIP
+        >>> train_step_finished(model, {"train/reward": 0.4}, step=3)  # fragment: a trained `model`, with W&B or MLflow enabled  # doctest: +SKIP
     """
     # The history's step convention: step s = the adapter that served the rollouts.
     wandb = state.wandb_logger()
@@ -33,7 +33,7 @@ def history_logged(model: Any, record: Mapping[str, Any]) -> None:
     and MLflow.
 
     Example:
-        >>> history_logged(model, {"step": 2, "val/reward": 0.5})  # doctest: +SKIP
+        >>> history_logged(model, {"step": 2, "val/reward": 0.5})  # fragment: a `model`, with W&B or MLflow enabled  # doctest: +SKIP
     """
     wandb = state.wandb_logger()
     mlflow = state.mlflow_logger()

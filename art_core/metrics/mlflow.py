@@ -87,7 +87,7 @@ class MlflowLogger:
 
     Example:
         >>> logger = MlflowLogger("http://127.0.0.1:5000", experiment_name="agent-rl")
-        >>> logger.log(model, {"train/reward": 0.4}, step=0)   # doctest: +SKIP
+        >>> logger.log(model, {"train/reward": 0.4}, step=0)   # needs a network service: an MLflow server there  # doctest: +SKIP
         >>> logger.close(5.0)
     """
 
@@ -127,7 +127,7 @@ class MlflowLogger:
         background thread.
 
         Example:
-            >>> logger.run_id("tests", "tiny")  # doctest: +SKIP
+            >>> logger.run_id("tests", "tiny")  # needs a network service: an MLflow server  # doctest: +SKIP
             'fa8ed60b3e2641779cd114d736fcd7ad'
         """
         try:

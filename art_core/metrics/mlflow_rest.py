@@ -120,7 +120,7 @@ class MlflowRest:
     Example:
         >>> rest = MlflowRest("http://127.0.0.1:5000", timeout_s=2.0)
         >>> rest.request("GET", "/api/2.0/mlflow/experiments/get",
-        ...              params={"experiment_id": "0"})  # doctest: +SKIP
+        ...              params={"experiment_id": "0"})  # needs a network service: an MLflow server there  # doctest: +SKIP
         {'experiment': {'experiment_id': '0', 'name': 'Default', ...}}
         >>> rest.close()
     """
@@ -237,7 +237,7 @@ def experiment_id_for(rest: MlflowRest, name: str) -> str:
     name taken until it is restored or purged.
 
     Example:
-        >>> experiment_id_for(MlflowRest("http://127.0.0.1:5000"), "agent-rl")  # doctest: +SKIP
+        >>> experiment_id_for(MlflowRest("http://127.0.0.1:5000"), "agent-rl")  # needs a network service: an MLflow server there  # doctest: +SKIP
         '1'
     """
     for _ in range(2):  # a second look when another process created it at the same moment

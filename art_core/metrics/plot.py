@@ -123,8 +123,8 @@ def plot_history(model_dir: Path, out_dir: Path | None = None) -> PlotResult:
     """Draw the curves of ``model_dir/history.jsonl`` into ``out_dir`` (default: ``model_dir/plots``).
 
     Example:
-        >>> result = plot_history(Path(".art/demo/models/agent-001"))  # doctest: +SKIP
-        >>> [f.name for f in result.files]                             # doctest: +SKIP
+        >>> result = plot_history(Path(".art/demo/models/agent-001"))  # needs files: a model folder with a history  # doctest: +SKIP
+        >>> [f.name for f in result.files]                             # needs files  # doctest: +SKIP
         ['reward.png', 'loss.png', 'index.html']
     """
     try:

@@ -70,7 +70,7 @@ def enable_wandb(project: str | None = None, entity: str | None = None, **init_k
 
     Example:
         >>> from art_core import metrics
-        >>> metrics.enable_wandb(project="agent-rl")  # doctest: +SKIP
+        >>> metrics.enable_wandb(project="agent-rl")  # changes process-wide state: every model's records go to W&B from then on  # doctest: +SKIP
     """
     # Loaded once enabled.
     from art_core.metrics.wandb import WandbLogger

@@ -34,8 +34,8 @@ class WandbLogger:
     """Log metric records of ``TrainableModel`` s to W&B.
 
     Example:
-        >>> logger = WandbLogger(project="agent-rl", mode="offline")  # doctest: +SKIP
-        >>> logger.log(model, {"train/reward": 0.4}, step=0)         # doctest: +SKIP
+        >>> logger = WandbLogger(project="agent-rl", mode="offline")  # starts a server: W&B's service process  # doctest: +SKIP
+        >>> logger.log(model, {"train/reward": 0.4}, step=0)         # starts a server  # doctest: +SKIP
     """
 
     def __init__(

@@ -80,7 +80,12 @@ def make_group_rollout_fn(single_rollout_fn: RolloutFn, n: int = 4) -> RolloutFn
     """A rollout function returning a group of ``n`` runs of ``single_rollout_fn`` (ART's).
 
     Example:
-        >>> group_fn = make_group_rollout_fn(rollout, n=8)  # doctest: +SKIP
+        >>> from art_core import Trajectory
+        >>> async def rollout(model, scenario):  # a stand-in for a real rollout
+        ...     return Trajectory(messages_and_choices=[{"role": "user", "content": scenario}], reward=1.0)
+        >>> group_fn = make_group_rollout_fn(rollout, n=8)
+        >>> len(await group_fn(None, "Weather in Paris?"))
+        8
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -164,9 +169,10 @@ class PipelineTrainer:
       on the whole device in turn).
 
     Example:
+        >>> import art_core as art
         >>> trainer = art.PipelineTrainer(model, rollout, scenarios, group_size=8,
-        ...                               groups_per_step=4, max_steps_off_policy=1)
-        >>> await trainer.train()  # doctest: +SKIP
+        ...                               groups_per_step=4, max_steps_off_policy=1)  # needs a registered model: `model`, `rollout`, `scenarios`  # doctest: +SKIP
+        >>> await trainer.train()  # needs a registered model  # doctest: +SKIP
     """
 
     def __init__(

@@ -9,8 +9,8 @@ provider's OpenAI-compatible endpoint with its usual key variable (the table is 
 
 Example:
     >>> from art_core.rewards import ruler_score_group
-    >>> group = await ruler_score_group(group, "gpt-4.1", swallow_exceptions=True)  # doctest: +SKIP
-    >>> group = await ruler_score_group(group, "anthropic/claude-sonnet-4-5")  # doctest: +SKIP
+    >>> group = await ruler_score_group(group, "gpt-4.1", swallow_exceptions=True)  # needs a network service: a judge model, and a `group`  # doctest: +SKIP
+    >>> group = await ruler_score_group(group, "anthropic/claude-sonnet-4-5")  # needs a network service: a judge model  # doctest: +SKIP
 """
 
 from art_core.rewards.cache import RulerCache, cache_key, default_cache_path

@@ -79,8 +79,10 @@ def read_groups(path: Path) -> list[TrajectoryGroup]:
     """Load the groups of a JSONL file; raise InputError naming the bad line.
 
     Example:
-        >>> read_groups(Path("groups.jsonl"))  # doctest: +SKIP
-        [TrajectoryGroup(...), ...]
+        >>> group = TrajectoryGroup([Trajectory(messages_and_choices=[], reward=1.0)])
+        >>> _ = Path("groups.jsonl").write_text(group.model_dump_json() + "\\n")
+        >>> read_groups(Path("groups.jsonl"))
+        [TrajectoryGroup(trajectories=[Trajectory(...reward=1.0...)], ...)]
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()

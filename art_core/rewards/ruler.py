@@ -203,8 +203,8 @@ async def judge_runs(
 
     Example:
         >>> options = RulerOptions(judge_base_url="http://127.0.0.1:8000/v1")
-        >>> j = await judge_runs(runs, "qwen3", options)  # doctest: +SKIP
-        >>> j.judge_calls, [s.score for s in j.scores]  # doctest: +SKIP
+        >>> j = await judge_runs(runs, "qwen3", options)  # needs a network service: a judge model at that address, and `runs`  # doctest: +SKIP
+        >>> j.judge_calls, [s.score for s in j.scores]  # needs a network service: a judge model  # doctest: +SKIP
         (1, [0.9, 0.2])
     """
     options = options or RulerOptions()
@@ -332,11 +332,11 @@ async def ruler(
 
     Example:
         >>> base = [{"role": "user", "content": "Count to 3."}]
-        >>> scores = await ruler(  # doctest: +SKIP
+        >>> scores = await ruler(  # needs a network service: a judge model at that address  # doctest: +SKIP
         ...     [[*base, {"role": "assistant", "content": "1, 2, 3"}],
         ...      [*base, {"role": "assistant", "content": "1, 2"}]],
         ...     "gpt-4.1", judge_base_url="http://127.0.0.1:8000/v1")
-        >>> [s.score for s in scores]  # doctest: +SKIP
+        >>> [s.score for s in scores]  # needs a network service: a judge model  # doctest: +SKIP
         [1.0, 0.3]
     """
     options = RulerOptions(
@@ -409,8 +409,8 @@ async def judge_group(
     distinct tools of all its trajectories.
 
     Example:
-        >>> judgement = await judge_group(group, "gpt-4.1")  # doctest: +SKIP
-        >>> apply_judgement(group, judgement)  # doctest: +SKIP
+        >>> judgement = await judge_group(group, "gpt-4.1")  # needs a network service: a judge model, and a `group`  # doctest: +SKIP
+        >>> apply_judgement(group, judgement)  # needs a network service: a judge model  # doctest: +SKIP
     """
     require_finished([group])
     tools = unique_tools([_tools_of(t) for t in group.trajectories]) or None
@@ -471,11 +471,11 @@ async def ruler_score_group(
     ``~/.cache/art_core/ruler.sqlite``). See :func:`apply_judgement` for the metrics written.
 
     Example:
-        >>> group = await ruler_score_group(  # doctest: +SKIP
+        >>> group = await ruler_score_group(  # needs a network service: a judge model at that address, and a `group`  # doctest: +SKIP
         ...     group, "gpt-4.1", judge_base_url="http://127.0.0.1:8000/v1", swallow_exceptions=True)
-        >>> [t.reward for t in group], group.metrics["ruler_judge_calls"]  # doctest: +SKIP
+        >>> [t.reward for t in group], group.metrics["ruler_judge_calls"]  # needs a network service: a judge model  # doctest: +SKIP
         ([0.9, 0.2, 0.55], 1)
-        >>> await ruler_score_group(group, "openai/o3", {"temperature": 1.0}, debug=True)  # doctest: +SKIP
+        >>> await ruler_score_group(group, "openai/o3", {"temperature": 1.0}, debug=True)  # needs a network service: a judge model  # doctest: +SKIP
     """
     require_finished([group])
     if not group.trajectories:

@@ -14,8 +14,8 @@
 Example:
     >>> import art_core as art
     >>> sampler = art.ScenarioSampler(scenarios, lambda s: rollout(model, s),
-    ...                               max_group_size=32, curriculum=True)  # doctest: +SKIP
-    >>> groups = await sampler.gather(4, max_rollouts=256)  # doctest: +SKIP
+    ...                               max_group_size=32, curriculum=True)  # needs a registered model: `model`, `rollout`, `scenarios`  # doctest: +SKIP
+    >>> groups = await sampler.gather(4, max_rollouts=256)  # needs a registered model  # doctest: +SKIP
 """
 
 from art_core.sampling.history import ScenarioDistribution, ScenarioHistory, ScenarioOutcomes

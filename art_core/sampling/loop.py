@@ -76,8 +76,8 @@ async def gather_groups_with_signal(
 
     Example:
         >>> groups, report = await gather_groups_with_signal(
-        ...     next_job, groups_with_signal=4, max_rollouts=256)  # doctest: +SKIP
-        >>> print(report.summary())  # doctest: +SKIP
+        ...     next_job, groups_with_signal=4, max_rollouts=256)  # needs a registered model: `next_job` starts its rollouts  # doctest: +SKIP
+        >>> print(report.summary())  # needs a registered model  # doctest: +SKIP
     """
     _check_limits(
         groups_with_signal=groups_with_signal,

@@ -43,8 +43,8 @@ class ScenarioSampler(Generic[Scenario]):
 
     Example:
         >>> sampler = ScenarioSampler(scenarios, lambda s: rollout(model, s), group_size=8,
-        ...                           max_group_size=32, curriculum=True)  # doctest: +SKIP
-        >>> for step in range(10):  # doctest: +SKIP
+        ...                           max_group_size=32, curriculum=True)  # needs a registered model: `model`, `rollout`, `scenarios`  # doctest: +SKIP
+        >>> for step in range(10):  # needs a registered model  # doctest: +SKIP
         ...     groups = await sampler.gather(4, max_rollouts=256)
         ...     await model.train(groups)
     """

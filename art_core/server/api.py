@@ -158,7 +158,7 @@ class ServiceAPI:
     """Starlette routes over a ``Service``.
 
     Example:
-        >>> routes = ServiceAPI(service).routes  # doctest: +SKIP
+        >>> routes = ServiceAPI(service).routes  # fragment: a `Service` over a backend  # doctest: +SKIP
     """
 
     def __init__(self, service: Service, *, heartbeat_s: float = 10.0) -> None:

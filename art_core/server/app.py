@@ -101,7 +101,7 @@ def build_app(service: Service) -> ASGIApp:
     """The whole service as one ASGI app (serve it with the backend's ``GatewayServer``).
 
     Example:
-        >>> backend.server.app = build_app(Service(backend, settings))  # doctest: +SKIP
+        >>> backend.server.app = build_app(Service(backend, settings))  # fragment: `art-core serve`'s `backend` and `settings`  # doctest: +SKIP
     """
     settings = service.settings
     # Starlette's own 404 / 405 (no route, a method not routed) answer in the one JSON shape.

@@ -22,7 +22,8 @@ class BearerAuth:
     token as their API key (``RemoteBackend`` sets ``model.inference_api_key`` to it).
 
     Example:
-        >>> app = BearerAuth(inner_app, token="s3cret")  # doctest: +SKIP
+        >>> from starlette.applications import Starlette
+        >>> app = BearerAuth(Starlette(), token="s3cret")
     """
 
     def __init__(self, app: ASGIApp, token: str) -> None:

@@ -37,7 +37,7 @@ async def serve(settings: ServeSettings, stop: asyncio.Event | None = None) -> i
     """Serve until ``stop`` is set (or SIGINT/SIGTERM); training in progress is finished first.
 
     Example:
-        >>> asyncio.run(serve(ServeSettings(port=7999)))  # doctest: +SKIP
+        >>> asyncio.run(serve(ServeSettings(port=7999)))  # starts a server: on port 7999, until stopped  # doctest: +SKIP
     """
     backend = LocalBackend(
         path=settings.path,
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     subcommands (and without loading integrations' entry points).
 
     Example:
-        >>> main(["--port", "0"])  # doctest: +SKIP
+        >>> main(["--port", "0"])  # starts a server: until stopped  # doctest: +SKIP
     """
     parser = argparse.ArgumentParser(
         prog="art-core serve",

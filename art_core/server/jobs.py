@@ -174,8 +174,10 @@ class JobStore:
     """Jobs by id: in memory while the server runs, summaries on disk across restarts.
 
     Example:
-        >>> store = JobStore(Path(".art"))  # doctest: +SKIP
-        >>> job = store.create("job_1", project="p", model="m")  # doctest: +SKIP
+        >>> store = JobStore(Path(".art"))
+        >>> job = store.create("job_1", project="p", model="m")
+        >>> store.get("job_1") is job
+        True
     """
 
     def __init__(self, art_path: Path, *, keep: int = 500) -> None:

@@ -22,7 +22,8 @@ class Backpressure:
     instead of the server running out of memory. Streams count until they finish.
 
     Example:
-        >>> app = Backpressure(inner_app, max_pending=512, retry_after_s=1)  # doctest: +SKIP
+        >>> from starlette.applications import Starlette
+        >>> app = Backpressure(Starlette(), max_pending=512, retry_after_s=1)
     """
 
     def __init__(self, app: ASGIApp, max_pending: int, retry_after_s: int = 1) -> None:

@@ -34,9 +34,9 @@ class ModelRegistry:
     """Name -> ``ModelRecord``, written atomically after each change.
 
     Example:
-        >>> registry = ModelRegistry(Path(".art"))  # doctest: +SKIP
-        >>> registry.add(ModelRecord(name="m", project="p", base_model="tiny-random"))  # doctest: +SKIP
-        >>> registry.get("m").project  # doctest: +SKIP
+        >>> registry = ModelRegistry(Path(".art"))
+        >>> registry.add(ModelRecord(name="m", project="p", base_model="tiny-random"))
+        >>> registry.get("m").project
         'p'
     """
 

@@ -108,8 +108,8 @@ class Service:
     """The state behind the HTTP API: which models are loaded, and the training jobs.
 
     Example:
-        >>> service = Service(LocalBackend(path=".art", port=7999), ServeSettings())  # doctest: +SKIP
-        >>> await service.register(RegisterRequest(name="m", base_model="tiny-random"))  # doctest: +SKIP
+        >>> service = Service(LocalBackend(path=".art", port=7999), ServeSettings())  # starts a server: the gateway on port 7999  # doctest: +SKIP
+        >>> await service.register(RegisterRequest(name="m", base_model="tiny-random"))  # starts a server  # doctest: +SKIP
     """
 
     def __init__(self, backend: LocalBackend, settings: ServeSettings) -> None:

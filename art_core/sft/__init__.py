@@ -9,8 +9,8 @@ function with a teacher model behind a recording proxy).
 
 Example:
     >>> import art_core as art
-    >>> await model.train_sft("demos.jsonl", config=art.SFTConfig(epochs=3))  # doctest: +SKIP
-    >>> await model.train_sft(art.best_trajectories(groups, min_reward=1.0))  # doctest: +SKIP
+    >>> await model.train_sft("demos.jsonl", config=art.SFTConfig(epochs=3))  # needs a registered model: `model`, and `demos.jsonl`  # doctest: +SKIP
+    >>> await model.train_sft(art.best_trajectories(groups, min_reward=1.0))  # needs a registered model: `groups` made with it  # doctest: +SKIP
 """
 
 from art_core.sft.data import (

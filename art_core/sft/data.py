@@ -118,7 +118,11 @@ def load_chat_jsonl(path: str | os.PathLike[str]) -> list[Trajectory]:
     lines are skipped. Raises ``ValueError`` naming the line that is not valid.
 
     Example:
-        >>> trajectories = load_chat_jsonl("examples/sft/digits.jsonl")  # doctest: +SKIP
+        >>> record = {"messages": [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}]}
+        >>> _ = Path("digits.jsonl").write_text(json.dumps(record) + "\\n")
+        >>> trajectories = load_chat_jsonl("digits.jsonl")
+        >>> trajectories[0].metadata["source"]
+        'digits.jsonl:1'
     """
     return [demo.trajectory for demo in _read_jsonl(Path(path))]
 

@@ -12,8 +12,8 @@
   turns then go through the same assembly, so a multi-turn record is one sequence.
 
 Example:
-    >>> renderer = SFTRenderer(load_chat_tokenizer(base_path))  # doctest: +SKIP
-    >>> record = renderer.record(demonstrations("chat.jsonl")[0])  # doctest: +SKIP
+    >>> renderer = SFTRenderer(load_chat_tokenizer(base_path))  # fragment: a model's `base_path`, and `chat.jsonl`  # doctest: +SKIP
+    >>> record = renderer.record(demonstrations("chat.jsonl")[0])  # fragment  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ class SFTRenderer:
     """Turns demonstrations into ``SFTRecord``s for one model's tokenizer and template.
 
     Example:
-        >>> renderer = SFTRenderer(chat)  # doctest: +SKIP
-        >>> records = renderer.records(demos, assistant_turns="all", lookup=store.get)  # doctest: +SKIP
+        >>> renderer = SFTRenderer(chat)  # fragment: a model's `chat` tokenizer, `demos`, its call `store`  # doctest: +SKIP
+        >>> records = renderer.records(demos, assistant_turns="all", lookup=store.get)  # fragment  # doctest: +SKIP
     """
 
     def __init__(self, chat: ChatTokenizer) -> None:

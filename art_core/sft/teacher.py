@@ -9,7 +9,7 @@ gateway) and records the request and the answer under the rollout, so
 student trains on them, ``train_sft`` re-renders them with the student's chat template
 (``art_core.sft.render``), tool calls included.
 
-Recipe (see the README, "Warm start"):
+Recipe (see docs/training/warm-start.md):
 
     teacher = art.Model(name="teacher", inference_base_url="http://gpu-box:8000/v1",
                         inference_model_name="Qwen/Qwen2.5-7B-Instruct", inference_api_key="...")
@@ -69,7 +69,7 @@ class TeacherProxy:
     server-sent events once the teacher's whole answer is in.
 
     Example:
-        >>> async with TeacherProxy(teacher) as proxy:               # doctest: +SKIP
+        >>> async with TeacherProxy(teacher) as proxy:               # fragment: a `teacher` model, the user's `rollout`  # doctest: +SKIP
         ...     trajectory = await rollout(proxy.model, scenario)   # the user's rollout
     """
 
@@ -349,11 +349,12 @@ async def teacher_trajectories(
     ``gather_trajectory_groups``). ``proxy_options`` go to ``TeacherProxy``.
 
     Example:
+        >>> import art_core as art
         >>> teacher = art.Model(name="qwen-7b", inference_base_url="http://gpu:8000/v1",
         ...                     inference_model_name="Qwen/Qwen2.5-7B-Instruct")
         >>> demos = await art.teacher_trajectories(rollout, teacher, scenarios,
-        ...                                        rollouts_per_scenario=4, min_reward=1.0)  # doctest: +SKIP
-        >>> await student.train_sft(demos, config=art.SFTConfig(epochs=3))  # doctest: +SKIP
+        ...                                        rollouts_per_scenario=4, min_reward=1.0)  # needs a network service: the teacher at that address; `rollout`, `scenarios`  # doctest: +SKIP
+        >>> await student.train_sft(demos, config=art.SFTConfig(epochs=3))  # needs a registered model: `student`  # doctest: +SKIP
     """
 
     if rollouts_per_scenario < 1:

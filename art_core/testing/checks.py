@@ -21,7 +21,7 @@ def assert_prefix_chain(calls: Sequence[LLMCall]) -> None:
     """Each call's prompt ids start with the previous call's prompt + sampled ids.
 
     Example:
-        >>> assert_prefix_chain(trajectory.calls)  # doctest: +SKIP
+        >>> assert_prefix_chain(trajectory.calls)  # fragment: a `trajectory` recorded by the gateway  # doctest: +SKIP
     """
     for before, after in itertools.pairwise(calls):
         prefix = before.prompt_token_ids + before.completion_token_ids
@@ -36,7 +36,7 @@ def assert_token_exact(
     consecutive turns) the prompts chain too (:func:`assert_prefix_chain`).
 
     Example:
-        >>> assert_token_exact(run.trajectory(), backend.engine(model).tokenizer)  # doctest: +SKIP
+        >>> assert_token_exact(run.trajectory(), backend.engine(model).tokenizer)  # fragment: a captured `run` of a registered `model`  # doctest: +SKIP
     """
     for call in trajectory.calls:
         assert call.rollout_id == trajectory.id

@@ -9,8 +9,8 @@ test was written for. Built once per recipe into the embedded-models folder
 
 Example:
     >>> folder = fine_tuned_stand_in("stand-in-chat", [[{"role": "user", "content": "hi"},
-    ...     {"role": "assistant", "content": "Hello!"}]], steps=50)  # doctest: +SKIP
-    >>> art.TrainableModel(name="m", base_model=str(folder))  # doctest: +SKIP
+    ...     {"role": "assistant", "content": "Hello!"}]], steps=50)  # too slow for a docstring: 50 training steps  # doctest: +SKIP
+    >>> art.TrainableModel(name="m", base_model=str(folder))  # too slow for a docstring  # doctest: +SKIP
 """
 
 from __future__ import annotations

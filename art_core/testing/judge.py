@@ -9,10 +9,16 @@ The default rule: a run's score is the last ``score-hint: X`` written in it (so 
 decides the scores through the runs' own text), else ``min(1, characters / 1000)``.
 
 Example:
-    >>> with StandInJudge() as judge:  # doctest: +SKIP
+    >>> from art_core.rewards.ruler import ruler
+    >>> ask = {"role": "user", "content": "Count to 3."}
+    >>> runs = [[ask, {"role": "assistant", "content": "1, 2, 3 score-hint: 0.9"}],
+    ...         [ask, {"role": "assistant", "content": "1, 2 score-hint: 0.2"}]]
+    >>> with StandInJudge() as judge:
     ...     scores = asyncio.run(ruler(runs, "judge", judge_base_url=judge.base_url))
     ...     len(judge.requests)
     1
+    >>> [s.score for s in scores]
+    [0.9, 0.2]
 """
 
 from __future__ import annotations

@@ -25,10 +25,12 @@ class LoopbackServer:
     (a "slow" reply) can give up instead of holding the shutdown.
 
     Example:
+        >>> import httpx
+        >>> from starlette.responses import PlainTextResponse
         >>> class Hello(LoopbackServer):
         ...     def routes(self):
         ...         return [Route("/", lambda request: PlainTextResponse("hi"))]
-        >>> with Hello() as server:  # doctest: +SKIP
+        >>> with Hello() as server:
         ...     httpx.get(server.url).text
         'hi'
     """

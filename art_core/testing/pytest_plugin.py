@@ -31,7 +31,7 @@ The async fixtures run on the session's event loop: configure pytest-asyncio wit
 
 Example:
     >>> # conftest.py:  pytest_plugins = ["art_core.testing.pytest_plugin"]
-    >>> async def test_one_call(tiny_model):  # doctest: +SKIP
+    >>> async def test_one_call(tiny_model):  # fragment: a test, run by pytest with the plugin  # doctest: +SKIP
     ...     async with art.capture(tiny_model) as run:
     ...         await run.openai_client().chat.completions.create(...)
 """
@@ -79,7 +79,7 @@ async def register_tiny_model(
     """A ``tiny-random`` model registered on ``backend`` (seeded: the same weights each time).
 
     Example:
-        >>> model = await register_tiny_model(backend, "lg-tiny", "langgraph")  # doctest: +SKIP
+        >>> model = await register_tiny_model(backend, "lg-tiny", "langgraph")  # fragment: the `backend` fixture  # doctest: +SKIP
     """
 
     model = art.TrainableModel(name=name, project=project, base_model="tiny-random")

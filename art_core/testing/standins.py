@@ -10,7 +10,7 @@ Each is a ``LoopbackServer`` (a real HTTP server on ``127.0.0.1``, a free port, 
 thread) that records what it receives.
 
 Example:
-    >>> with WeaveStandIn() as server:  # doctest: +SKIP
+    >>> with WeaveStandIn() as server:  # changes process-wide state: `weave.init` and the environment  # doctest: +SKIP
     ...     os.environ.update(server.env())
     ...     client = weave.init("team/project")
 """

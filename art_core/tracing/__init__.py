@@ -8,9 +8,9 @@ a slow or dead backend never blocks or fails a rollout.
 
 Example:
     >>> import art_core.tracing as tracing
-    >>> tracing.enable("otlp", endpoint="http://127.0.0.1:4318/v1/traces")  # doctest: +SKIP
+    >>> tracing.enable("otlp", endpoint="http://127.0.0.1:4318/v1/traces")  # changes process-wide state: tracing for every rollout from then on  # doctest: +SKIP
     >>> # ... gather rollouts, train ...
-    >>> tracing.flush()  # doctest: +SKIP
+    >>> tracing.flush()  # changes process-wide state  # doctest: +SKIP
 
 This package imports only the standard library until tracing is enabled.
 """

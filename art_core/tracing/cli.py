@@ -14,7 +14,7 @@ def install(names: list[str]) -> int:
     """Create each named server's venv (idempotent) and print where it is.
 
     Example:
-        >>> install(["mlflow"])  # doctest: +SKIP
+        >>> install(["mlflow"])  # needs an install: this is the install (a venv from PyPI)  # doctest: +SKIP
     """
     for name in names:
         print(f"{name}: {install_tracing_server(name, quiet=False)}")
@@ -25,7 +25,7 @@ def serve(name: str, host: str, port: int | None, data_dir: Path) -> int:
     """Run one server in the foreground until Ctrl-C, its data kept in ``data_dir``.
 
     Example:
-        >>> serve("phoenix", "127.0.0.1", 6006, Path(".art/phoenix"))  # doctest: +SKIP
+        >>> serve("phoenix", "127.0.0.1", 6006, Path(".art/phoenix"))  # starts a server: until Ctrl-C  # doctest: +SKIP
     """
     server = TracingServer(
         name, host=host, port=port or SERVERS[name].default_port, data_dir=data_dir

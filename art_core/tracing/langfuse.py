@@ -92,7 +92,7 @@ class LangfuseSink(OtelSink):
     Example:
         >>> from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
         >>> sink = LangfuseSink(TracingSettings(), public_key="pk-lf-doc", secret_key="sk-lf-doc",
-        ...                     span_exporter=InMemorySpanExporter())  # doctest: +SKIP
+        ...                     span_exporter=InMemorySpanExporter())  # changes process-wide state: Langfuse registers the client by its key  # doctest: +SKIP
     """
 
     name = "langfuse"

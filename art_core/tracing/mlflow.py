@@ -211,7 +211,7 @@ class MlflowSpanExporter(SpanExporter):
     Example:
         >>> rest = MlflowRest("http://127.0.0.1:5000")
         >>> exporter = MlflowSpanExporter(rest, ExperimentChoice(id="0"), {}, 5.0)
-        >>> exporter.export([])  # doctest: +SKIP
+        >>> exporter.export([])  # needs a network service: an MLflow server there  # doctest: +SKIP
         <SpanExportResult.SUCCESS: 0>
     """
 

@@ -99,6 +99,7 @@ class OtelSink:
         >>> sink.emit(SpanNode("rollout", "rollout", 0.0, 1.0), None)
         >>> sink.flush(5.0), [s.name for s in memory.get_finished_spans()]
         (True, ['rollout'])
+        >>> sink.shutdown(5.0)
     """
 
     name = "otlp"

@@ -9,7 +9,7 @@ FastAPI and SQLAlchemy), so each gets a venv under the runtimes folder
 runs one in the foreground; ``TracingServer`` runs one for a test or a script.
 
 Example:
-    >>> with TracingServer("mlflow", data_dir=Path("/tmp/mlflow-data")) as server:  # doctest: +SKIP
+    >>> with TracingServer("mlflow", data_dir=Path("/tmp/mlflow-data")) as server:  # needs an install: MLflow's venv  # doctest: +SKIP
     ...     tracing.enable("mlflow", endpoint=server.url)
 """
 
@@ -86,7 +86,7 @@ def install_tracing_server(name: str, *, quiet: bool = True) -> Path:
     """Create ``name``'s venv with its pinned packages (idempotent); returns the folder.
 
     Example:
-        >>> install_tracing_server("mlflow")  # doctest: +SKIP
+        >>> install_tracing_server("mlflow")  # needs an install: this is the install (a venv from PyPI)  # doctest: +SKIP
         PosixPath('/root/.cache/art_core/runtimes/tracing-mlflow')
     """
     spec = _spec(name)
@@ -161,7 +161,7 @@ class TracingServer:
     ``data_dir/server.log``, which the start error quotes.
 
     Example:
-        >>> with TracingServer("phoenix") as phoenix:  # doctest: +SKIP
+        >>> with TracingServer("phoenix") as phoenix:  # needs an install: Phoenix's venv  # doctest: +SKIP
         ...     print(phoenix.url)
         http://127.0.0.1:41235
     """

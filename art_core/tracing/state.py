@@ -66,9 +66,9 @@ def enable(
 
     Example:
         >>> import art_core.tracing as tracing
-        >>> tracing.enable("otlp", endpoint="http://127.0.0.1:4318/v1/traces")  # doctest: +SKIP
-        >>> tracing.enable(["langfuse", "weave"], weave_project="team/agent")  # doctest: +SKIP
-        >>> tracing.enable("phoenix", endpoint="http://127.0.0.1:6006")  # doctest: +SKIP
+        >>> tracing.enable("otlp", endpoint="http://127.0.0.1:4318/v1/traces")  # changes process-wide state: tracing for every rollout from then on  # doctest: +SKIP
+        >>> tracing.enable(["langfuse", "weave"], weave_project="team/agent")  # changes process-wide state, and needs a network service: Langfuse, W&B  # doctest: +SKIP
+        >>> tracing.enable("phoenix", endpoint="http://127.0.0.1:6006")  # changes process-wide state  # doctest: +SKIP
     """
     # Loaded once tracing is enabled.
     from art_core.tracing.pipeline import Pipeline

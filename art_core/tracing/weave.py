@@ -82,7 +82,7 @@ class WeaveSink:
     else ``weave.init(project)``.
 
     Example:
-        >>> sink = WeaveSink(TracingSettings(), project="my-team/agent-rl")  # doctest: +SKIP
+        >>> sink = WeaveSink(TracingSettings(), project="my-team/agent-rl")  # needs a network service: W&B  # doctest: +SKIP
     """
 
     name = "weave"

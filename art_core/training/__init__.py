@@ -11,8 +11,8 @@ adapter). The model folder's layout belongs to ``art_core.model_folder``.
 
 Example:
     >>> from art_core.training import Trainer, TrainConfig
-    >>> trainer = Trainer(base_model_path, model_dir)                          # doctest: +SKIP
-    >>> result = trainer.train_step(groups, TrainConfig(learning_rate=1e-5))   # doctest: +SKIP
+    >>> trainer = Trainer(base_model_path, model_dir)                          # fragment: a model's `base_model_path`, `model_dir`  # doctest: +SKIP
+    >>> result = trainer.train_step(groups, TrainConfig(learning_rate=1e-5))   # fragment: `groups` with recorded calls  # doctest: +SKIP
 """
 
 from typing import TYPE_CHECKING, Any

@@ -96,7 +96,7 @@ def save_checkpoint(
 
     Example:
         >>> save_checkpoint(ModelFolder(Path("m")), 1, save_adapter=model.save_pretrained,
-        ...                 optimizer=opt, param_names=names, extra_state={})  # doctest: +SKIP
+        ...                 optimizer=opt, param_names=names, extra_state={})  # fragment: a loaded `model`, its `opt`imizer and parameter `names`  # doctest: +SKIP
         PosixPath('m/checkpoints/0001')
     """
     staging = stage_checkpoint(

@@ -72,8 +72,11 @@ def load_trainable_model(
     rank's shard to ``device``.
 
     Example:
-        >>> model = load_trainable_model(Path(".art/base_models/tiny-random"), TrainingSettings(),
-        ...                              torch.device("cpu"))  # doctest: +SKIP
+        >>> from art_core.embedded import resolve_base_model
+        >>> model = load_trainable_model(resolve_base_model("tiny-random"), TrainingSettings(),
+        ...                              torch.device("cpu"))
+        >>> type(model).__name__
+        'PeftModelForCausalLM'
     """
     dtype = base_weights_dtype(config, device)
     load_device = device if load_device is None else load_device

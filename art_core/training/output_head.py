@@ -14,8 +14,11 @@ keeps the model's own logits (``kept_logits``).
 its backbone's hidden state.
 
 Example:
-    >>> head = fusable_output_head(model, lambda: contextlib.nullcontext())  # doctest: +SKIP
-    >>> head is None or isinstance(head, torch.nn.Linear)                    # doctest: +SKIP
+    >>> from transformers import AutoModelForCausalLM
+    >>> from art_core.embedded import resolve_base_model
+    >>> model = AutoModelForCausalLM.from_pretrained(resolve_base_model("tiny-random"))
+    >>> head = fusable_output_head(model, lambda: contextlib.nullcontext())
+    >>> head is None or isinstance(head, torch.nn.Linear)
     True
 """
 

@@ -109,9 +109,10 @@ class Trainer:
     is cheap and ``latest_step()`` works without loading anything.
 
     Example:
-        >>> trainer = Trainer(resolve_base_model("tiny-random"), Path(".art/demo/models/m1"))  # doctest: +SKIP
-        >>> result = trainer.train_step(groups, TrainConfig(learning_rate=1e-4))  # doctest: +SKIP
-        >>> result.step, result.checkpoint_path                                   # doctest: +SKIP
+        >>> from art_core.embedded import resolve_base_model
+        >>> trainer = Trainer(resolve_base_model("tiny-random"), Path(".art/demo/models/m1"))
+        >>> result = trainer.train_step(groups, TrainConfig(learning_rate=1e-4))  # fragment: `groups` with recorded calls  # doctest: +SKIP
+        >>> result.step, result.checkpoint_path                                   # fragment  # doctest: +SKIP
         (1, '.art/demo/models/m1/checkpoints/0001')
     """
 
@@ -154,7 +155,8 @@ class Trainer:
         """The step of the newest complete checkpoint in ``model_dir`` (0 when there is none).
 
         Example:
-            >>> Trainer(base, Path("/tmp/new-model")).latest_step()  # doctest: +SKIP
+            >>> from art_core.embedded import resolve_base_model
+            >>> Trainer(resolve_base_model("tiny-random"), Path("new-model")).latest_step()
             0
         """
         return self.folder.latest_step()
@@ -181,8 +183,9 @@ class Trainer:
         is one; otherwise creates a fresh adapter shaped by ``config``.
 
         Example:
-            >>> Trainer(base, model_dir).load()   # doctest: +SKIP
-            3
+            >>> from art_core.embedded import resolve_base_model
+            >>> Trainer(resolve_base_model("tiny-random"), Path("new-model")).load()  # a fresh adapter
+            0
         """
         with self._lock:
             self._ensure_loaded(TrainConfig() if config is None else config, check_lora=False)
@@ -214,8 +217,8 @@ class Trainer:
         the latest one stays in force.
 
         Example:
-            >>> result = trainer.train_step(groups, TrainConfig())   # doctest: +SKIP
-            >>> result.metrics["train/loss"]                         # doctest: +SKIP
+            >>> result = trainer.train_step(groups, TrainConfig())   # fragment: a `trainer`, `groups` with recorded calls  # doctest: +SKIP
+            >>> result.metrics["train/loss"]                         # fragment  # doctest: +SKIP
             0.013
         """
         config = TrainConfig() if config is None else config
@@ -259,9 +262,12 @@ class Trainer:
         ``cancel`` stops it as it stops ``train_step``.
 
         Example:
+            >>> from art_core.embedded import resolve_base_model
+            >>> from art_core.training.sequences import TokenSequence
+            >>> trainer = Trainer(resolve_base_model("tiny-random"), Path("sft-model"))
             >>> records = [SFTRecord("demo", [TokenSequence([1, 2, 3], [False, True, True],
             ...                                             [0.0, 0.0, 0.0])])]
-            >>> trainer.train_sft(records, SFTConfig(learning_rate=1e-4, epochs=2)).step  # doctest: +SKIP
+            >>> trainer.train_sft(records, SFTConfig(learning_rate=1e-4, epochs=2)).step
             1
         """
         config = SFTConfig() if config is None else config
@@ -336,7 +342,7 @@ class Trainer:
         contains "loss" (override with ``higher_is_better``).
 
         Example:
-            >>> trainer.delete_checkpoints("train/reward")   # doctest: +SKIP
+            >>> trainer.delete_checkpoints("train/reward")   # needs files: a model folder with checkpoints and history  # doctest: +SKIP
             [1, 2, 4]
         """
         if higher_is_better is None:

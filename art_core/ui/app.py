@@ -8,8 +8,9 @@ the server's one error shape, ``{"error": {"message": ...}}``), and the page sho
 message.
 
 Example:
-    >>> app = build_ui_app(".art")                                         # doctest: +SKIP
-    >>> uvicorn.run(app, host="127.0.0.1", port=7998)                       # doctest: +SKIP
+    >>> app = build_ui_app(".art")
+    >>> import uvicorn
+    >>> uvicorn.run(app, host="127.0.0.1", port=7998)  # starts a server: until Ctrl-C  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -338,7 +339,7 @@ def build_ui_app(path: str | Path) -> ASGIApp:
     """The viewer over the art folder at ``path`` (read-only; mount it anywhere).
 
     Example:
-        >>> app = build_ui_app(".art")  # doctest: +SKIP
+        >>> app = build_ui_app(".art")
     """
     viewer = Viewer(path)
     model = "/api/runs/{project}/{name}"

@@ -102,7 +102,8 @@ class BrowserTokenAuth:
     the query string, which is turned into the cookie).
 
     Example:
-        >>> app = BrowserTokenAuth(build_ui_app(".art"), token="s3cret")  # doctest: +SKIP
+        >>> from art_core.ui.app import build_ui_app
+        >>> app = BrowserTokenAuth(build_ui_app(".art"), token="s3cret")
     """
 
     def __init__(self, app: ASGIApp, token: str) -> None:

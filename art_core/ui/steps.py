@@ -233,9 +233,9 @@ class StepCache:
     """``StepIndex`` per file, rebuilt when the file changes; thread-safe, bounded.
 
     Example:
-        >>> StepCache().get(Path("/nonexistent/0000.jsonl"))  # doctest: +SKIP
+        >>> StepCache().get(Path("/nonexistent/0000.jsonl"))
         Traceback (most recent call last):
-        NotFound: no trajectories file nonexistent/0000.jsonl
+        art_core.ui.folder.NotFound: no trajectories file nonexistent/0000.jsonl
     """
 
     def __init__(self, capacity: int = CACHED_STEP_FILES) -> None:

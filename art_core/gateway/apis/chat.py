@@ -55,7 +55,8 @@ async def create(serving: Serving, request: Request) -> Response:
     """``POST /v1/chat/completions``: a ``chat.completion`` or its chunks (``stream``).
 
     Example:
-        >>> Route("/v1/chat/completions", answered(bound(create)))  # doctest: +SKIP
+        >>> APIRoute("/v1/chat/completions", create) in ROUTES
+        True
     """
     clock = StageClock() if serving.stage_log is not None else None
     rollout = rollout_id(request)
@@ -81,8 +82,8 @@ class ResponseShaper:
     """Builds the answers to one request (one id and creation time for all its chunks).
 
     Example:
-        >>> shaper = ResponseShaper(prepared)  # doctest: +SKIP
-        >>> shaper.completion(calls)["object"]  # doctest: +SKIP
+        >>> shaper = ResponseShaper(prepared)  # fragment: a `prepared` call inside the gateway  # doctest: +SKIP
+        >>> shaper.completion(calls)["object"]  # fragment  # doctest: +SKIP
         'chat.completion'
     """
 

@@ -595,7 +595,8 @@ async def create(serving: Serving, request: Request) -> Response:
     """``POST /v1/completions``: answer one request as a ``text_completion`` or its chunks.
 
     Example:
-        >>> APIRoute("/v1/completions", create)  # doctest: +SKIP
+        >>> APIRoute("/v1/completions", create) in ROUTES
+        True
     """
     rollout = rollout_id(request)
     parsed = await read_parsed(serving, request, _read)

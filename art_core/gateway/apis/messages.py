@@ -627,7 +627,8 @@ async def create(serving: Serving, request: Request) -> Response:
     """``POST /v1/messages``: answer one request as a ``message`` or its event stream.
 
     Example:
-        >>> APIRoute("/v1/messages", create, error_response=error_response)  # doctest: +SKIP
+        >>> APIRoute("/v1/messages", create, error_response=error_response) in ROUTES
+        True
     """
     rollout = rollout_id(request)
     betas = _betas(request)
@@ -650,7 +651,8 @@ async def count_tokens(serving: Serving, request: Request) -> Response:
     ``create`` would run for the same request (nothing is sampled or recorded).
 
     Example:
-        >>> APIRoute("/v1/messages/count_tokens", count_tokens, error_response=error_response)  # doctest: +SKIP
+        >>> APIRoute("/v1/messages/count_tokens", count_tokens, error_response=error_response) in ROUTES
+        True
     """
     rollout = rollout_id(request)
 
@@ -686,7 +688,7 @@ def stream_events(answer: Answer) -> AsyncIterator[str]:
     """The documented event sequence of a streamed message (``MessagesEncoder``).
 
     Example:
-        >>> event_stream(stream_events(answer))  # doctest: +SKIP
+        >>> event_stream(stream_events(answer))  # fragment: an `answer` inside the gateway  # doctest: +SKIP
     """
     return stream_answer([answer.call], MessagesEncoder(answer))
 

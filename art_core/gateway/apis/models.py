@@ -44,7 +44,7 @@ async def set_rollout_sampling(serving: Serving, request: Request) -> Response:
     yet. Answers ``{"rollout_id", "sampling"}``; 400 naming the field for a bad body.
 
     Example:
-        >>> httpx.put(f"{root}/rollouts/r1/sampling", json={"seed": 7, "temperature": 1.0})  # doctest: +SKIP
+        >>> httpx.put(f"{root}/rollouts/r1/sampling", json={"seed": 7, "temperature": 1.0})  # needs a network service: a gateway at `root`  # doctest: +SKIP
     """
     rollout = rollout_id(request)
     assert rollout is not None  # the route's path has it

@@ -428,7 +428,7 @@ def response_scope(request: Request, rollout: str | None) -> Scope:
     ``art_core.server.auth.bearer_token`` reads them), so the store keeps no token itself.
 
     Example:
-        >>> response_scope(request, "r1")  # doctest: +SKIP
+        >>> response_scope(request, "r1")  # fragment: a Starlette `request`  # doctest: +SKIP
         ('r1', '9f86d0...')
     """
     token: str | None = None
@@ -762,7 +762,8 @@ async def create(serving: Serving, request: Request) -> Response:
     """``POST /v1/responses``: answer one request as a ``response`` or its event stream.
 
     Example:
-        >>> APIRoute("/v1/responses", create)  # doctest: +SKIP
+        >>> APIRoute("/v1/responses", create) in ROUTES
+        True
     """
     rollout = rollout_id(request)
     scope = response_scope(request, rollout)
@@ -965,7 +966,7 @@ def stream_events(serving: Serving, answer: Answer) -> AsyncIterator[str]:
     """The events of a streamed response (``ResponsesEncoder``).
 
     Example:
-        >>> event_stream(stream_events(serving, answer))  # doctest: +SKIP
+        >>> event_stream(stream_events(serving, answer))  # fragment: the gateway's `serving` and an `answer`  # doctest: +SKIP
     """
     return stream_answer([answer.call], ResponsesEncoder(answer, stored_responses(serving)))
 

@@ -9,7 +9,7 @@ Ray actor group), and whether FSDP2 shards the frozen base. ``DistributedTrainer
 Example:
     >>> from art_core.training.distributed import DistributedTrainer, TrainingWorld
     >>> world = TrainingWorld(ranks=2, devices=("cpu", "cpu"), threads_per_rank=1)
-    >>> trainer = DistributedTrainer(base_model_path, model_dir, world)   # doctest: +SKIP
+    >>> trainer = DistributedTrainer(base_model_path, model_dir, world)   # fragment: a model's `base_model_path`, `model_dir`  # doctest: +SKIP
 """
 
 from art_core.training.distributed.coordinator import DistributedTrainer, TrainingWorldError

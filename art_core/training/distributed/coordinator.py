@@ -108,10 +108,10 @@ class DistributedTrainer(Trainer):
 
     Example:
         >>> trainer = DistributedTrainer(base, Path(".art/p/models/m"),
-        ...                              TrainingWorld(ranks=2, devices=("cpu", "cpu")))  # doctest: +SKIP
-        >>> trainer.train_step(groups, TrainConfig()).metrics["train/world_size"]  # doctest: +SKIP
+        ...                              TrainingWorld(ranks=2, devices=("cpu", "cpu")))  # too slow for a docstring: two rank processes, `groups` to train on  # doctest: +SKIP
+        >>> trainer.train_step(groups, TrainConfig()).metrics["train/world_size"]  # too slow for a docstring  # doctest: +SKIP
         2.0
-        >>> trainer.unload()  # doctest: +SKIP
+        >>> trainer.unload()  # too slow for a docstring  # doctest: +SKIP
     """
 
     def __init__(

@@ -23,7 +23,10 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of a Hugging Face model (its ``_no_split_modules`` classes).
 
     Example:
-        >>> decoder_layers(peft_model)[0].__class__.__name__   # doctest: +SKIP
+        >>> from transformers import AutoModelForCausalLM
+        >>> from art_core.embedded import resolve_base_model
+        >>> model = AutoModelForCausalLM.from_pretrained(resolve_base_model("tiny-random"))
+        >>> decoder_layers(model)[0].__class__.__name__
         'LlamaDecoderLayer'
     """
     names: set[str] = set()

@@ -3,7 +3,7 @@
 Example:
     >>> import art_cli_agents as cli
     >>> task = cli.Task("Fix the failing test", folder="tasks/bug", check="python -m pytest -q")
-    >>> group = await cli.rollout_group(model, cli.codex(), task, 4)  # doctest: +SKIP
+    >>> group = await cli.rollout_group(model, cli.codex(), task, 4)  # needs a registered model, and the codex CLI (an npm install)  # doctest: +SKIP
 """
 
 from art_cli_agents.agents import (

@@ -52,7 +52,7 @@ def fixed_clock(agent: CLIAgent, start: datetime | str = "2026-01-01 09:00:00") 
 
     Example:
         >>> from art_cli_agents.agents import opencode
-        >>> fixed_clock(opencode(), "2026-01-01 09:00:00").env["FAKETIME"]  # doctest: +SKIP
+        >>> fixed_clock(opencode(), "2026-01-01 09:00:00").env["FAKETIME"]  # needs an install: libfaketime (apt; CI installs it in the background)  # doctest: +SKIP
         '@2026-01-01 09:00:00'
     """
     library = libfaketime()

@@ -179,7 +179,7 @@ async def rollout(
     (``art.capture``'s; agents send no seed, and a temperature of their own).
 
     Example:
-        >>> trajectory = await rollout(model, codex("codex"), Task("say hi"))  # doctest: +SKIP
+        >>> trajectory = await rollout(model, codex("codex"), Task("say hi"))  # needs a registered model, and the codex CLI (an npm install)  # doctest: +SKIP
     """
     limits = limits or Limits()
     # Isolated, the run sees its folders at RUN_ROOT's, the same in every run (see the module).
@@ -356,7 +356,7 @@ async def rollout_group(
     runs differ, and the same seed replays the same group.
 
     Example:
-        >>> group = await rollout_group(model, codex("codex"), task, 4)  # doctest: +SKIP
+        >>> group = await rollout_group(model, codex("codex"), task, 4)  # needs a registered model, and the codex CLI (an npm install)  # doctest: +SKIP
     """
     group = art.TrajectoryGroup(
         rollout(

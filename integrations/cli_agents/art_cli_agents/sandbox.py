@@ -358,7 +358,9 @@ async def run_sandboxed(
     RuntimeError too when the sandbox could not confine the run (the command never ran).
 
     Example:
-        >>> result = await run_sandboxed(["ls"], cwd=Path("."), env={}, limits=Limits(), timeout_s=5)  # doctest: +SKIP
+        >>> result = await run_sandboxed(["ls"], cwd=Path("."), env={}, limits=Limits(), timeout_s=5)
+        >>> result.exit_code, result.timed_out
+        (0, False)
     """
     prefix, net_isolated, fs_isolated = _isolation(
         argv, network=network, filesystem=filesystem, gateway=gateway, seen_at=seen_at

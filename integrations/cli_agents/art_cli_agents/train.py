@@ -240,8 +240,8 @@ async def validate(
     and its counterpart after differ by the adapter, not by luck).
 
     Example:
-        >>> groups = await validate(model, cli.codex("codex"), load_tasks("tasks"))  # doctest: +SKIP
-        >>> ValSummary.of(0, groups).mean_reward  # doctest: +SKIP
+        >>> groups = await validate(model, cli.codex("codex"), load_tasks("tasks"))  # needs a registered model, the codex CLI and a `tasks` folder  # doctest: +SKIP
+        >>> ValSummary.of(0, groups).mean_reward  # needs a registered model  # doctest: +SKIP
         0.25
     """
     return await _gather(
@@ -389,8 +389,8 @@ async def train(
 
     Example:
         >>> report = await cli.train(model, cli.codex("codex"), cli.load_tasks("tasks"),
-        ...                          steps=10)  # doctest: +SKIP
-        >>> print(report.table())  # doctest: +SKIP
+        ...                          steps=10)  # needs a registered model, the codex CLI and a `tasks` folder  # doctest: +SKIP
+        >>> print(report.table())  # needs a registered model  # doctest: +SKIP
     """
     chosen = train_settings(options, **kwargs)
     chosen.check()

@@ -44,7 +44,7 @@ class ArtChatModel(ChatOpenAI):
     Example:
         >>> llm = ArtChatModel(art_model=None, art_model_name=None,
         ...                    base_url=UNROUTED_BASE_URL, api_key="art", model=UNROUTED_MODEL_NAME)
-        >>> llm.bind_tools([...]).invoke("hi")  # inside a rollout  # doctest: +SKIP
+        >>> llm.bind_tools([...]).invoke("hi")  # inside a rollout  # needs a registered model  # doctest: +SKIP
     """
 
     art_model: Any = Field(default=None, exclude=True)
@@ -205,9 +205,10 @@ def init_chat_model(
     is spoken.
 
     Example:
+        >>> from langchain.agents import create_agent  # the `agents` extra
         >>> llm = init_chat_model(temperature=1.0)
-        >>> agent = create_react_agent(llm, tools)  # doctest: +SKIP
-        >>> rollout = wrap_rollout(model, run_agent)  # calls inside are recorded  # doctest: +SKIP
+        >>> agent = create_agent(llm, tools=[])
+        >>> rollout = wrap_rollout(model, run_agent)  # calls inside are recorded  # fragment: `model`, and `run_agent` (see wrap_rollout)  # doctest: +SKIP
     """
     if model_provider not in (None, "openai"):
         raise ValueError(

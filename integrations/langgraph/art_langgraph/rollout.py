@@ -29,7 +29,7 @@ def trajectory_from(run: art.Run, outcome: object) -> art.Trajectory:
     """The trajectory of a finished ``run``, given what the rollout function returned.
 
     Example:
-        >>> trajectory_from(run, 1.0).reward  # doctest: +SKIP
+        >>> trajectory_from(run, 1.0).reward  # needs a registered model: a finished `run` of one  # doctest: +SKIP
         1.0
     """
     if isinstance(outcome, art.Trajectory):
@@ -71,13 +71,17 @@ def wrap_rollout(
     copied onto every trajectory.
 
     Example:
+        >>> import art_core as art
+        >>> import art_langgraph
+        >>> from langchain.agents import create_agent  # the `agents` extra
+        >>> model = art.TrainableModel(name="agent-001", project="demo", base_model="tiny-random")
         >>> llm = art_langgraph.init_chat_model()
-        >>> agent = create_react_agent(llm, tools)
+        >>> agent = create_agent(llm, tools=[])
         >>> async def run_agent(question: str) -> float:
         ...     state = await agent.ainvoke({"messages": [("user", question)]})
         ...     return float("Paris" in state["messages"][-1].content)
         >>> rollout = wrap_rollout(model, run_agent)
-        >>> trajectory = await rollout("Capital of France?")  # doctest: +SKIP
+        >>> trajectory = await rollout("Capital of France?")  # needs a registered model: `model` registered with a backend  # doctest: +SKIP
     """
     if not isinstance(model, art.TrainableModel):
         raise TypeError(f"wrap_rollout needs an art.TrainableModel, not {type(model).__name__}")

@@ -30,7 +30,7 @@ def follows_run(run: art.Run, model: art.Model | None, model_name: str | None) -
     not samples of the policy being trained.
 
     Example:
-        >>> follows_run(run, None, None)  # doctest: +SKIP
+        >>> follows_run(run, None, None)  # needs a registered model: a `run` of one  # doctest: +SKIP
         True
     """
     if model is not None and model is not run.model:
@@ -49,7 +49,7 @@ def resolve_endpoint(model: art.Model | None, model_name: str | None) -> Endpoin
     caller uses the base URL it was configured with, if any.
 
     Example:
-        >>> async with art.capture(model) as run:  # doctest: +SKIP
+        >>> async with art.capture(model) as run:  # needs a registered model  # doctest: +SKIP
         ...     resolve_endpoint(None, None).base_url == run.base_url
         True
     """

@@ -7,10 +7,10 @@ with any OpenAI-compatible model, scores runs with your reward or RULER, and tra
 Example:
     >>> import art_mcp
     >>> scenarios = await art_mcp.generate_scenarios("mcp-server-time", 16,
-    ...                                              generator_model="gpt-4.1")  # doctest: +SKIP
-    >>> trajectory = await art_mcp.rollout(model, scenarios[0], "mcp-server-time")  # doctest: +SKIP
+    ...                                              generator_model="gpt-4.1")  # needs a network service: a hosted generator model  # doctest: +SKIP
+    >>> trajectory = await art_mcp.rollout(model, scenarios[0], "mcp-server-time")  # needs a registered model  # doctest: +SKIP
     >>> report = await art_mcp.train(model, "mcp-server-time", scenarios,
-    ...                              judge=art_mcp.Judge("gpt-4.1"))  # doctest: +SKIP
+    ...                              judge=art_mcp.Judge("gpt-4.1"))  # needs a registered model, and a hosted judge  # doctest: +SKIP
 """
 
 from art_mcp.generate import ScenarioGenerationError, generate_scenarios

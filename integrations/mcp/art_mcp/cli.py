@@ -111,7 +111,7 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
         "validation excluded)",
     )
     warm_start_args(parser)
-    sparse = parser.add_argument_group("sparse rewards (see the README: when nothing is learned)")
+    sparse = parser.add_argument_group("sparse rewards (see docs/training/sparse-rewards.md)")
     sparse.add_argument(
         "--dynamic-sampling",
         action="store_true",
@@ -169,7 +169,9 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
 
 def warm_start_args(parser: argparse.ArgumentParser) -> None:
     """``--warm-start N`` and its options (SFT on successful runs before GRPO)."""
-    warm = parser.add_argument_group("warm start (SFT on successful runs first, see the README)")
+    warm = parser.add_argument_group(
+        "warm start (SFT on successful runs first, see docs/training/warm-start.md)"
+    )
     warm.add_argument(
         "--warm-start",
         type=int,

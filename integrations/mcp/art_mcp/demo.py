@@ -160,8 +160,8 @@ async def run_demo(args: argparse.Namespace) -> int:
     if report.after.step == report.before.step:
         # Every step's groups had equal rewards: no checkpoint, the same model evaluated twice.
         print(
-            f"\nNo step trained anything (every group's rewards were equal; see 'when nothing "
-            f"is learned' in the README): validation reward {before:.3f} -> {after:.3f} is "
+            f"\nNo step trained anything (every group's rewards were equal; see docs/training/"
+            f"sparse-rewards.md): validation reward {before:.3f} -> {after:.3f} is "
             f"sampling noise (step {report.before.step}), total wall time {wall / 60:.1f} min.",
             file=sys.stdout,
         )
@@ -219,7 +219,7 @@ def closing_note(args: argparse.Namespace, warm: Any, plain: Any) -> str:
     """Validation reward after the same training time, with and without the warm start.
 
     Example:
-        >>> print(closing_note(args, warm_report, plain_report))  # doctest: +SKIP
+        >>> print(closing_note(args, warm_report, plain_report))  # fragment: the demo's `args` and two training reports  # doctest: +SKIP
         Same training time (3.2 / 3.3 min, validation excluded), smollm2-135m: ...
     """
     source = warm.warm_start.line() if warm.warm_start else "warm start: not run"

@@ -178,8 +178,8 @@ async def generate_scenarios(
 
     Example:
         >>> scenarios = await art_mcp.generate_scenarios(
-        ...     "mcp-server-time", 20, generator_model="gpt-4.1")  # doctest: +SKIP
-        >>> art_mcp.save_scenarios(scenarios, "time_scenarios.jsonl")  # doctest: +SKIP
+        ...     "mcp-server-time", 20, generator_model="gpt-4.1")  # needs a network service: a hosted generator model  # doctest: +SKIP
+        >>> art_mcp.save_scenarios(scenarios, "time_scenarios.jsonl")  # needs a network service: the scenarios above  # doctest: +SKIP
     """
     from openai import AsyncOpenAI, OpenAIError
 

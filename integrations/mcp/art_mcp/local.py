@@ -33,8 +33,8 @@ def serve_http(app: Any, *, host: str = "127.0.0.1", port: int = 0, path: str = 
     that reads the line can connect at once. Blocks until the process is stopped.
 
     Example:
-        >>> app = MCPServer("shop")  # doctest: +SKIP
-        >>> serve_http(app)  # prints "art-mcp: MCP server listening on http://127.0.0.1:PORT/mcp"  # doctest: +SKIP
+        >>> app = MCPServer("shop")  # starts a server: `serve_http` blocks until the process is stopped  # doctest: +SKIP
+        >>> serve_http(app)  # prints "art-mcp: MCP server listening on http://127.0.0.1:PORT/mcp"  # starts a server  # doctest: +SKIP
     """
     import anyio
     import uvicorn
@@ -81,7 +81,7 @@ async def spawn_http_server(
     itself if this process dies (its stdin, a pipe from us, closes).
 
     Example:
-        >>> async with spawn_http_server("python examples/mcp/shop_server.py --http") as server:  # doctest: +SKIP
+        >>> async with spawn_http_server("python examples/mcp/shop_server.py --http") as server:  # starts a server: the repository's example MCP server  # doctest: +SKIP
         ...     async with connect(server) as session: ...
     """
     spec = parse_server(command)

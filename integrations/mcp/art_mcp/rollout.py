@@ -132,8 +132,8 @@ async def rollout(
 
     Example:
         >>> trajectory = await art_mcp.rollout(model, "What time is it in Tokyo?",
-        ...                                    "mcp-server-time", max_turns=4)  # doctest: +SKIP
-        >>> trajectory.metadata["final_answer"], trajectory.metrics["tool_calls"]  # doctest: +SKIP
+        ...                                    "mcp-server-time", max_turns=4)  # needs a registered model  # doctest: +SKIP
+        >>> trajectory.metadata["final_answer"], trajectory.metrics["tool_calls"]  # needs a registered model  # doctest: +SKIP
     """
     settings = settings or RolloutSettings()
     if max_turns is not None:

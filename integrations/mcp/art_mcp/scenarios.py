@@ -101,7 +101,8 @@ def save_scenarios(scenarios: Iterable[Scenario], path: str | Path) -> Path:
     """Write scenarios as JSONL (one JSON object per line); returns the path.
 
     Example:
-        >>> save_scenarios([Scenario(task="What time is it in Lima?")], "scenarios.jsonl")  # doctest: +SKIP
+        >>> save_scenarios([Scenario(task="What time is it in Lima?")], "scenarios.jsonl")
+        PosixPath('scenarios.jsonl')
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +118,8 @@ def load_scenarios(path: str | Path) -> list[Scenario]:
     string (the task).
 
     Example:
-        >>> load_scenarios("scenarios.jsonl")[0].task  # doctest: +SKIP
+        >>> _ = save_scenarios([Scenario(task="What time is it in Lima?")], "scenarios.jsonl")
+        >>> load_scenarios("scenarios.jsonl")[0].task
         'What time is it in Lima?'
     """
     source = Path(path)

@@ -104,7 +104,7 @@ class McpSession:
     """An initialized MCP client session and the server's tools.
 
     Example:
-        >>> async with connect("mcp-server-time") as session:  # doctest: +SKIP
+        >>> async with connect("mcp-server-time") as session:  # starts a server: `mcp-server-time`, a subprocess  # doctest: +SKIP
         ...     [t.name for t in session.tools]
         ...     output = await session.call_tool("get_current_time", {"timezone": "UTC"})
         ['get_current_time', 'convert_time']
@@ -245,7 +245,7 @@ async def connect(
     arrives whole and is truncated for the model, instead of failing the stream).
 
         Example:
-            >>> async with connect("python examples/mcp/shop_server.py") as session:  # doctest: +SKIP
+            >>> async with connect("python examples/mcp/shop_server.py") as session:  # starts a server: the repository's example MCP server  # doctest: +SKIP
             ...     print([tool.name for tool in session.tools])
     """
     spec = parse_server(server)

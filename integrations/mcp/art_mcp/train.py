@@ -138,7 +138,7 @@ async def validate(
 
     Example:
         >>> groups = await validate(model, "python examples/mcp/shop_server.py", val,
-        ...                         reward_fn=check_answer)  # doctest: +SKIP
+        ...                         reward_fn=check_answer)  # needs a registered model: `model`, `val`, `check_answer`  # doctest: +SKIP
     """
     spec = parse_server(server)
     return await art.gather_trajectory_groups(
@@ -337,8 +337,8 @@ async def train(
 
     Example:
         >>> report = await art_mcp.train(model, "python examples/mcp/shop_server.py", scenarios,
-        ...                              steps=10, reward_fn=check_answer)  # doctest: +SKIP
-        >>> print(report.table())  # doctest: +SKIP
+        ...                              steps=10, reward_fn=check_answer)  # needs a registered model: `model`, `scenarios`, `check_answer`  # doctest: +SKIP
+        >>> print(report.table())  # needs a registered model  # doctest: +SKIP
     """
     chosen = train_settings(options, **kwargs)
     chosen.check()

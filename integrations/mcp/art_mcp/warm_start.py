@@ -108,8 +108,8 @@ async def warm_start(
 
     Example:
         >>> report = await warm_start(model, "python examples/mcp/shop_server.py", scenarios,
-        ...                           WarmStart(traces=16), reward_fn=art_mcp.answer_reward)  # doctest: +SKIP
-        >>> print(report.line())  # doctest: +SKIP
+        ...                           WarmStart(traces=16), reward_fn=art_mcp.answer_reward)  # needs a registered model: `model`, `scenarios`  # doctest: +SKIP
+        >>> print(report.line())  # needs a registered model  # doctest: +SKIP
     """
     if not scenarios:
         raise ValueError("no scenarios to warm-start on")

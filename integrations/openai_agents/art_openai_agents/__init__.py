@@ -7,7 +7,7 @@ tagged with its agent's name.
 
 Example:
     >>> import art_openai_agents
-    >>> trajectory = await art_openai_agents.rollout(model, agent, "Weather in Paris?")  # doctest: +SKIP
+    >>> trajectory = await art_openai_agents.rollout(model, agent, "Weather in Paris?")  # needs a registered model: `model`, an `agent`  # doctest: +SKIP
 """
 
 from art_openai_agents.call_metadata import call_metadata

@@ -39,9 +39,9 @@ class AgentsRun:
     """One captured rollout of agent code: the core ``Run`` plus the SDK's spans.
 
     Example:
-        >>> async with capture(model, train_agents=["writer"]) as run:  # doctest: +SKIP
+        >>> async with capture(model, train_agents=["writer"]) as run:  # needs a registered model: `model`, an `agent`, its `config`  # doctest: +SKIP
         ...     run.result = await Runner.run(agent, "hi", run_config=config)
-        >>> run.trajectory(reward=1.0).calls  # only the writer's calls  # doctest: +SKIP
+        >>> run.trajectory(reward=1.0).calls  # only the writer's calls  # needs a registered model  # doctest: +SKIP
     """
 
     def __init__(self, run: art.Run, spans: SpanLog, train_agents: AgentFilter) -> None:
@@ -78,7 +78,7 @@ class AgentsRun:
         """The trajectory: the trained agents' calls in issue order, and the run's summary.
 
         Example:
-            >>> run.trajectory(reward=1.0, metrics={"turns": 3})  # doctest: +SKIP
+            >>> run.trajectory(reward=1.0, metrics={"turns": 3})  # needs a registered model: a captured `run`  # doctest: +SKIP
         """
         full = self.run.trajectory(reward, metrics=metrics, metadata=metadata, logs=logs)
         kept, left_out = split_calls(full.calls, self.train_agents)
@@ -113,9 +113,9 @@ async def capture(
     None trains every call the run made through the trainable model.
 
     Example:
-        >>> async with art_openai_agents.capture(model) as run:  # doctest: +SKIP
+        >>> async with art_openai_agents.capture(model) as run:  # needs a registered model: `model`, an `agent`, its `config`  # doctest: +SKIP
         ...     result = await Runner.run(agent, "hi", run_config=config)
-        >>> trajectory = run.trajectory(reward=score(result))  # doctest: +SKIP
+        >>> trajectory = run.trajectory(reward=score(result))  # needs a registered model  # doctest: +SKIP
     """
     check_agent_filter(train_agents)
     log = SpanLog()

@@ -41,8 +41,8 @@ class ArtModel(Model):
     for a base URL (sharing one connection pool).
 
     Example:
-        >>> provider = ArtModelProvider(model)  # doctest: +SKIP
-        >>> provider.get_model(None)  # an ArtModel  # doctest: +SKIP
+        >>> provider = ArtModelProvider(model)  # needs a registered model  # doctest: +SKIP
+        >>> provider.get_model(None)  # an ArtModel  # needs a registered model  # doctest: +SKIP
     """
 
     def __init__(

@@ -37,7 +37,7 @@ def report_tool_call(span: Span[Any]) -> None:
     """Hand a finished tool call to the project's tracing (it ignores calls outside capture).
 
     Example:
-        >>> report_tool_call(span)  # from ArtTracingProcessor.on_span_end  # doctest: +SKIP
+        >>> report_tool_call(span)  # from ArtTracingProcessor.on_span_end  # fragment: a finished function `span` of the SDK  # doctest: +SKIP
     """
     data = span_data_record(span)
     metadata: dict[str, Any] = {"framework": "openai-agents", "span_id": span.span_id}

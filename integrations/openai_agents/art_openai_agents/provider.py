@@ -37,8 +37,8 @@ class ArtModelProvider(ModelProvider):
         export_traces_to_openai: with ``configure_tracing``, keep the SDK's OpenAI exporter.
 
     Example:
-        >>> provider = ArtModelProvider(model)  # doctest: +SKIP
-        >>> result = await Runner.run(agent, "hi", run_config=RunConfig(model_provider=provider))  # doctest: +SKIP
+        >>> provider = ArtModelProvider(model)  # needs a registered model: `model`, an `agent`  # doctest: +SKIP
+        >>> result = await Runner.run(agent, "hi", run_config=RunConfig(model_provider=provider))  # needs a registered model  # doctest: +SKIP
     """
 
     def __init__(
@@ -73,7 +73,7 @@ class ArtModelProvider(ModelProvider):
         """The model for an agent whose ``model`` is ``model_name`` (None: not set).
 
         Example:
-            >>> ArtModelProvider(model).get_model("gpt-4.1")  # doctest: +SKIP
+            >>> ArtModelProvider(model).get_model("gpt-4.1")  # needs a registered model  # doctest: +SKIP
             <art_openai_agents.model.ArtModel ...>
         """
         if self.serves(model_name):

@@ -36,8 +36,8 @@ def run_config(model: art.TrainableModel, **kwargs: Any) -> RunConfig:
     """A ``RunConfig`` whose agents are served by ``model`` (``ArtModelProvider(model)``).
 
     Example:
-        >>> config = run_config(model, max_turns=4)  # doctest: +SKIP
-        >>> await Runner.run(agent, "hi", run_config=config)  # doctest: +SKIP
+        >>> config = run_config(model, max_turns=4)  # needs a registered model: `model`, an `agent`  # doctest: +SKIP
+        >>> await Runner.run(agent, "hi", run_config=config)  # needs a registered model  # doctest: +SKIP
     """
     return RunConfig(model_provider=ArtModelProvider(model), **kwargs)
 
@@ -105,7 +105,7 @@ async def rollout(
 
     Example:
         >>> trajectory = await rollout(model, triage_agent, "Weather in Paris?",
-        ...                            reward=lambda result: float("sunny" in str(result.final_output)))  # doctest: +SKIP
+        ...                            reward=lambda result: float("sunny" in str(result.final_output)))  # needs a registered model: `model`, `triage_agent`  # doctest: +SKIP
     """
     if not isinstance(agent, Agent):
         raise TypeError(f"agent must be an agents.Agent, got {type(agent).__name__}")
@@ -174,12 +174,12 @@ def wrap_rollout(
     ``RunConfig``); its return value (a number, or None for 0) is the reward.
 
     Example:
-        >>> config = RunConfig(model_provider=ArtModelProvider(model))  # doctest: +SKIP
+        >>> config = RunConfig(model_provider=ArtModelProvider(model))  # needs a registered model: `model`, an `agent`  # doctest: +SKIP
         >>> @wrap_rollout(model)
         ... async def solve(question: str) -> float:
         ...     result = await Runner.run(agent, question, run_config=config)
-        ...     return float(result.final_output == "42")  # doctest: +SKIP
-        >>> trajectory = await solve("6 x 7?")  # doctest: +SKIP
+        ...     return float(result.final_output == "42")  # needs a registered model  # doctest: +SKIP
+        >>> trajectory = await solve("6 x 7?")  # needs a registered model  # doctest: +SKIP
     """
 
     def decorate(function: RolloutFn[P]) -> Callable[P, Awaitable[art.Trajectory]]:

@@ -78,7 +78,7 @@ def tracing_processor() -> ArtTracingProcessor:
 
     Example:
         >>> from agents import set_trace_processors
-        >>> set_trace_processors([tracing_processor(), my_processor])  # doctest: +SKIP
+        >>> set_trace_processors([tracing_processor(), my_processor])  # fragment: `my_processor`, your own  # doctest: +SKIP
     """
     return _PROCESSOR
 
@@ -93,7 +93,7 @@ def configure_tracing(
 
     Example:
         >>> configure_tracing()                       # rollouts get their spans, nothing exported
-        >>> configure_tracing(export_to_openai=True)  # doctest: +SKIP
+        >>> configure_tracing(export_to_openai=True)  # changes process-wide state: the SDK would export every trace to OpenAI  # doctest: +SKIP
     """
     chosen: list[TracingProcessor] = [_PROCESSOR, *processors]
     if export_to_openai:

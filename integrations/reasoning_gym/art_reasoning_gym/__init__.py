@@ -11,7 +11,7 @@ Example:
     >>> dataset = reasoning_gym.create_dataset("basic_arithmetic", size=32, seed=0)
     >>> report = await art_mcp.train(model, arg.CALCULATOR_SERVER,
     ...                              arg.scenarios_from_dataset(dataset),
-    ...                              reward_fn=arg.score_answer_reward(dataset))  # doctest: +SKIP
+    ...                              reward_fn=arg.score_answer_reward(dataset))  # needs a registered model  # doctest: +SKIP
 """
 
 from art_reasoning_gym.calculator import CALCULATOR_SERVER, compute

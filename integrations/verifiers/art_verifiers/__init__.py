@@ -9,8 +9,8 @@ rollout becomes an ``art.Trajectory``, grouped per dataset example, ready for ``
 Example:
     >>> import art_verifiers
     >>> env = art_verifiers.VerifiersEnv("reverse_text")
-    >>> groups = await art_verifiers.rollout_groups(model, env, range(8))  # doctest: +SKIP
-    >>> await model.train(groups)  # doctest: +SKIP
+    >>> groups = await art_verifiers.rollout_groups(model, env, range(8))  # needs a registered model, and the verifiers venv (an install)  # doctest: +SKIP
+    >>> await model.train(groups)  # needs a registered model  # doctest: +SKIP
 """
 
 from art_verifiers.rollout import VerifiersEnv, VerifiersError, rollout_groups, to_trajectory

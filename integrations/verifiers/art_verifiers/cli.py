@@ -12,7 +12,7 @@ def install(extra: list[str]) -> int:
     environments) are installed beside verifiers.
 
     Example:
-        >>> install([])  # doctest: +SKIP
+        >>> install([])  # needs an install: this is the install (a venv from PyPI)  # doctest: +SKIP
     """
     print(f"verifiers: {install_runtime(quiet=False, extra=tuple(extra))}")
     return 0

@@ -88,8 +88,8 @@ async def rollout_groups(
 
     Example:
         >>> env = VerifiersEnv("reverse_text")
-        >>> groups = await rollout_groups(model, env, [0, 1], rollouts_per_example=4)  # doctest: +SKIP
-        >>> result = await model.train(groups)  # doctest: +SKIP
+        >>> groups = await rollout_groups(model, env, [0, 1], rollouts_per_example=4)  # needs a registered model, and the verifiers venv (an install)  # doctest: +SKIP
+        >>> result = await model.train(groups)  # needs a registered model  # doctest: +SKIP
     """
     if rollouts_per_example < 1:
         raise ValueError(f"rollouts_per_example must be >= 1, got {rollouts_per_example}")

@@ -72,7 +72,7 @@ def runtime_python() -> Path:
     install it when there is none.
 
     Example:
-        >>> runtime_python()  # doctest: +SKIP
+        >>> runtime_python()  # needs an install: the verifiers venv (else RuntimeError)  # doctest: +SKIP
         PosixPath('/root/.cache/art_core/runtimes/verifiers/bin/python')
     """
     override = os.environ.get(PYTHON_ENV)
@@ -96,7 +96,7 @@ def install_runtime(*, quiet: bool = True, extra: tuple[str, ...] = ()) -> Path:
     installed are added (a second call returns at once). Returns the folder.
 
     Example:
-        >>> install_runtime()  # doctest: +SKIP
+        >>> install_runtime()  # needs an install: this is the install (a venv from PyPI)  # doctest: +SKIP
         PosixPath('/root/.cache/art_core/runtimes/verifiers')
     """
     target = runtime_dir()
