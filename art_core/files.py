@@ -39,6 +39,21 @@ def append_line(path: Path, line: str) -> None:
         os.fsync(handle.fileno())
 
 
+def jsonl_lines(text: str) -> list[str]:
+    r"""The lines of a JSONL text, split at ``\n`` only: a JSON string may hold U+2028, U+2029
+    or U+0085 unescaped (JSON escapes only the characters below U+0020), and
+    ``str.splitlines()`` would cut a record there (a model's sampled text holds any of them).
+
+    Example:
+        >>> jsonl_lines('{"text": "a\u2028b"}\n{"n": 2}\n')
+        ['{"text": "a\u2028b"}', '{"n": 2}']
+        >>> len('{"text": "a\u2028b"}\n'.splitlines())  # what it replaces
+        2
+    """
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 def cache_dir() -> Path:
     """art_core's cache folder: ``$ART_CORE_CACHE_DIR`` when set, else
     ``$XDG_CACHE_HOME/art_core`` (``~/.cache/art_core``).

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from art_core.files import append_line
+from art_core.files import append_line, jsonl_lines
 from art_core.trajectories import TrajectoryGroup
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
@@ -88,7 +88,7 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
         return []
     records = []
     text = path.read_text(encoding="utf-8", errors="replace")
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(jsonl_lines(text), start=1):
         if not line.strip():
             continue
         try:
@@ -295,7 +295,7 @@ class ModelFolder:
 
     def read_trajectories(self, split: str, step: int) -> list[TrajectoryGroup]:
         """The groups saved in ``trajectories/{split}/{step:04d}.jsonl`` (one per line)."""
-        lines = self.trajectories(split, step).read_text(encoding="utf-8").splitlines()
+        lines = jsonl_lines(self.trajectories(split, step).read_text(encoding="utf-8"))
         return [TrajectoryGroup.model_validate_json(line) for line in lines if line.strip()]
 
     def append_trajectories(self, split: str, step: int, lines: Iterable[str]) -> Path:

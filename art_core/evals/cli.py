@@ -16,6 +16,7 @@ from typing import Any
 
 from art_core.backends.local import LocalBackend
 from art_core.evals.evaluate import BEST, LATEST, EvalReport, evaluate, parse_steps
+from art_core.files import jsonl_lines
 from art_core.model import TrainableModel
 from art_core.model_folder import ModelFolder
 
@@ -49,7 +50,7 @@ def read_tasks(path: str | Path) -> list[dict[str, Any]]:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"task file {file} is not UTF-8 text ({exc.reason})") from None
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(jsonl_lines(text), start=1):
         if not line.strip():
             continue
         try:

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
+from art_core.files import jsonl_lines
 from art_core.rewards.options import DEFAULT_TIMEOUT_S, RulerOptions
 from art_core.rewards.prompt import DEFAULT_MAX_TOOL_RESULT_CHARS, DEFAULT_RUBRIC
 from art_core.rewards.ruler import Judgement, apply_judgement, judge_group
@@ -85,7 +86,7 @@ def read_groups(path: Path) -> list[TrajectoryGroup]:
         [TrajectoryGroup(trajectories=[Trajectory(...reward=1.0...)], ...)]
     """
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = jsonl_lines(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc}") from exc
     groups: list[TrajectoryGroup] = []

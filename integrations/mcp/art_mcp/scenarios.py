@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from art_core.files import jsonl_lines
+
 MAX_TASK_CHARS = 2000
 
 
@@ -127,7 +129,7 @@ def load_scenarios(path: str | Path) -> list[Scenario]:
         raise FileNotFoundError(f"no scenario file at {source}")
     scenarios: list[Scenario] = []
     ids: dict[str, int] = {}
-    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(jsonl_lines(source.read_text(encoding="utf-8")), start=1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
