@@ -119,6 +119,7 @@ async def test_a_group_older_than_allowed_is_dropped_counted_and_replaced() -> N
         scenarios(),
         groups_per_step=2,
         max_steps_off_policy=1,
+        overlap=True,  # overlapped, a dropped group is replaced (lock-step: the next test)
         progress=False,
     )
     mixed = [art.Trajectory(messages_and_choices=[], reward=r) for r in (0.0, 1.0)]
@@ -142,6 +143,47 @@ async def test_a_group_older_than_allowed_is_dropped_counted_and_replaced() -> N
     assert [item.scenario_index for item in batch] == [1, 2]
     assert dropped == {"stale": 1, "no_signal": 0} and trainer.state.dropped_stale == 1
     assert trainer.state.is_done(0) and trainer._backlog == 0
+
+
+async def test_lock_step_trains_the_groups_with_a_signal_of_one_round() -> None:
+    """Lock-step, a step trains those of its round of groups that have a signal, as the plain
+    gather-and-train loop does, rather than replacing each dropped group with a round of its
+    own; a round where no group has a signal is followed by another one."""
+    trainer = PipelineTrainer(
+        object(),  # type: ignore[arg-type]  # the batch is assembled without the model
+        rollout,
+        scenarios(),
+        groups_per_step=2,
+        overlap=False,
+        progress=False,
+    )
+    mixed = [art.Trajectory(messages_and_choices=[], reward=r) for r in (0.0, 1.0)]
+    equal = [art.Trajectory(messages_and_choices=[], reward=r) for r in (1.0, 1.0)]
+
+    def sampled(index: int, trajectories: list[art.Trajectory]) -> _Sampled:
+        return _Sampled(art.TrajectoryGroup(trajectories), index, 3, rollouts=2)
+
+    queue: asyncio.Queue[_Sampled | None] = asyncio.Queue()
+    trainer._backlog = 2  # the round: two groups started by workers
+    queue.put_nowait(sampled(0, equal))
+    queue.put_nowait(sampled(1, mixed))
+    batch, dropped = await trainer._next_batch(queue, current_step=3)
+    assert [item.scenario_index for item in batch] == [1]
+    assert dropped == {"stale": 0, "no_signal": 1} and trainer._open_tickets == 0
+
+    trainer._backlog = 2  # the next round: neither group has a signal
+    queue.put_nowait(sampled(2, equal))
+    queue.put_nowait(sampled(3, equal))
+    assembling = asyncio.ensure_future(trainer._next_batch(queue, current_step=3))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not assembling.done() and trainer._open_tickets == 2  # a whole new round
+    trainer._open_tickets, trainer._backlog = 0, 2  # as two workers do when they start it
+    queue.put_nowait(sampled(4, mixed))
+    queue.put_nowait(sampled(5, mixed))
+    batch, dropped = await assembling
+    assert [item.scenario_index for item in batch] == [4, 5]
+    assert dropped == {"stale": 0, "no_signal": 2} and trainer.state.dropped_no_signal == 3
 
 
 async def test_a_killed_pipeline_resumes_at_its_step_and_next_scenario(tmp_path: Path) -> None:

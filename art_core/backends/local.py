@@ -531,17 +531,22 @@ class LocalBackend(BackendBase):
         self._train_thread(entry)
         return entry.core_split
 
-    def _train_thread(self, entry: _Registered) -> ThreadPoolExecutor:
-        """The thread that trains while the engine serves, the CPU threads split between them.
+    def plan_serve_while_training(self, model: TrainableModel) -> CoreSplit | None:
+        """How sampling and training would share this process's cores if ``model`` trained
+        while serving (None where the engine samples in another process); ``ValueError``
+        where the two would share one device. Changes nothing: the engine keeps every core
+        until such a step runs (or ``prepare_serve_while_training``)."""
+        return self._core_plan(self._entry(model))
+
+    def _core_plan(self, entry: _Registered) -> CoreSplit | None:
+        """The CPU split of training while serving, or None (the engine in another process).
 
         Refused where sampling and training would share one device (one GPU, or one CPU
         core): taking turns (lock-step) is the right way to share it, and overlapping them
         would only thrash.
         """
-        if entry.train_thread is not None:
-            return entry.train_thread
-        # torch (device.py imports it): only once training runs beside serving.
-        from art_core.device import choose_device, use_cpu_threads
+        # torch (device.py imports it): only once training beside serving is considered.
+        from art_core.device import choose_device
         from art_core.engines.transformers_engine import TransformersEngine
 
         engine = entry.served.engine
@@ -554,19 +559,31 @@ class LocalBackend(BackendBase):
                 "to each in turn"
             )
         budget = cpu_budget()
-        trainer_threads = max(1, budget // 2) if in_process else budget
-        if in_process and budget < 2:
+        if not in_process:
+            return None
+        if budget < 2:
             raise ValueError(
                 f"training while serving needs two CPU cores (one to sample, one to train); "
                 f"this process may use {budget}: train lock-step (the default)"
             )
+        trainer_threads = max(1, budget // 2)
+        return CoreSplit(budget, budget - trainer_threads, trainer_threads)
+
+    def _train_thread(self, entry: _Registered) -> ThreadPoolExecutor:
+        """The thread that trains while the engine serves, the CPU threads split between them
+        (``_core_plan``: refused where the two would share one device)."""
+        if entry.train_thread is not None:
+            return entry.train_thread
+        from art_core.device import use_cpu_threads  # torch, as in _core_plan
+
+        split = self._core_plan(entry)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-train")
         # torch's CPU thread count is per calling thread (OpenMP): each side gets its share.
-        pool.submit(use_cpu_threads, trainer_threads).result()
-        if in_process:
+        pool.submit(use_cpu_threads, split.trainer_threads if split else cpu_budget()).result()
+        if split is not None:
             entry.threads_before_split = entry.torch_thread.submit(use_cpu_threads).result()
-            entry.torch_thread.submit(use_cpu_threads, budget - trainer_threads).result()
-            entry.core_split = CoreSplit(budget, budget - trainer_threads, trainer_threads)
+            entry.torch_thread.submit(use_cpu_threads, split.sampler_threads).result()
+            entry.core_split = split
         entry.train_thread = pool
         return pool
 
