@@ -160,13 +160,18 @@ def cgroup_memory_limit() -> int | None:
     return min(limits) if limits else None
 
 
-def mem_available() -> int | None:
-    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where there is none)."""
+def _proc_kib(path: str, key: str) -> int | None:
+    """The ``key: N kB`` line of a ``/proc`` file in bytes (None where there is none)."""
     with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
     return None
+
+
+def mem_available() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where there is none)."""
+    return _proc_kib("/proc/meminfo", "MemAvailable")
 
 
 def resident_bytes() -> int:
@@ -312,11 +317,7 @@ _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
 def _high_water_mark() -> int | None:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return None
+    return _proc_kib("/proc/self/status", "VmHWM")
 
 
 class PeakMemory:

@@ -171,6 +171,7 @@ async def test_lock_step_trains_the_groups_with_a_signal_of_one_round() -> None:
     assert [item.scenario_index for item in batch] == [1]
     assert dropped == {"stale": 0, "no_signal": 1} and trainer._open_tickets == 0
 
+    trainer._filling = 0  # as the step that trained the batch does
     trainer._backlog = 2  # the next round: neither group has a signal
     queue.put_nowait(sampled(2, equal))
     queue.put_nowait(sampled(3, equal))

@@ -412,7 +412,6 @@ class PipelineTrainer:
         batch: list[_Sampled] = []
         dropped = {"stale": 0, "no_signal": 0}
         lock_step = not self._overlap_now()
-        self._filling = 0
         while not self.stopped_without_signal:
             if not lock_step and len(batch) >= self.groups_per_step:
                 break
@@ -504,13 +503,11 @@ class PipelineTrainer:
         """Refused overlap (sampling and training on one device) is an error when asked for,
         and settles the choice on lock-step when choosing. Asked for, the cores are split
         now; choosing, only planned (the probe steps sample and train on every core)."""
-        backend = self._backend()
-        prepare = getattr(
-            backend,
-            "prepare_serve_while_training" if self.overlap else "plan_serve_while_training",
-            None,
-        )
-        if prepare is None or self.overlap is False or self.overlap_chosen is not None:
+        if self.overlap is False or self.overlap_chosen is not None:
+            return
+        name = "prepare_serve_while_training" if self.overlap else "plan_serve_while_training"
+        prepare = getattr(self._backend(), name, None)
+        if prepare is None:
             return
         try:
             self._core_split = prepare(self.model)
