@@ -49,3 +49,17 @@ async def chromium() -> AsyncIterator[Any]:
             yield browser
         finally:
             await browser.close()
+
+
+def record_page_errors(page: Any, errors: list[str]) -> None:
+    """Append the console errors and uncaught exceptions of ``page`` to ``errors`` as they
+    happen (a test asserts the list stays empty)."""
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+
+
+def expect(locator: Any) -> Any:
+    """Playwright's ``expect`` (imported when a test uses it: Playwright may be missing)."""
+    from playwright.async_api import expect as playwright_expect
+
+    return playwright_expect(locator)

@@ -11,20 +11,23 @@ A screenshot of the start page goes to ``$ART_DOCS_SCREENSHOT`` when set.
 
 from __future__ import annotations
 
-import functools
-import http.server
 import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from browser_support import chromium
+from browser_support import chromium, expect, record_page_errors
+from starlette.applications import Starlette
+from starlette.routing import Mount
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
+
+from art_core.testing.loopback import LoopbackServer
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_MS = 30_000
@@ -77,30 +80,23 @@ def test_build_is_strict_and_the_reference_covers_every_public_name(site: Path) 
             assert re.search(rf'id="{package}(\.\w+)*\.{name}"', page), f"{package}.{name}"
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+class SiteServer(LoopbackServer):
+    """The built site as static files (a folder's ``index.html`` for its URL, as
+    ``use_directory_urls`` pages need)."""
+
+    def __init__(self, site: Path) -> None:
+        super().__init__()
+        self.site = site
+
+    def app(self) -> ASGIApp:
+        return Starlette(routes=[Mount("/", StaticFiles(directory=self.site, html=True))])
 
 
 @pytest.fixture(scope="module")
 def served(site: Path) -> Iterator[str]:
     """The built site on a loopback HTTP server (an ephemeral port); its base URL."""
-    handler = functools.partial(_QuietHandler, directory=str(site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
-def expect(locator: Any) -> Any:
-    from playwright.async_api import expect as playwright_expect
-
-    return playwright_expect(locator)
+    with SiteServer(site) as server:
+        yield server.url
 
 
 @pytest.mark.needs_install("chromium")  # run.sh installs it in the background under CI
@@ -119,8 +115,7 @@ async def test_site_works_offline_and_search_finds_the_api(served: str) -> None:
         await context.route("**/*", loopback_only)
         page = await context.new_page()
         page.set_default_timeout(TIMEOUT_MS)
-        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: problems.append(f"uncaught: {e}"))
+        record_page_errors(page, problems)
         page.on("requestfailed", lambda r: problems.append(f"failed: {r.url} {r.failure}"))
         page.on(
             "response", lambda r: problems.append(f"{r.status}: {r.url}") if r.ok is False else None

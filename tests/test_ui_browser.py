@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from browser_support import chromium
+from browser_support import chromium, expect, record_page_errors
 from ui_support import GROUP_SIZE, PROMPTS, ViewerServer, train_steps
 
 import art_core as art
@@ -68,8 +68,7 @@ class Page:
     def __init__(self, page: Any) -> None:
         self.page = page
         self.errors: list[str] = []
-        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+        record_page_errors(page, self.errors)
         page.set_default_timeout(TIMEOUT_MS)
 
 
@@ -78,12 +77,6 @@ async def tab(browser: Any) -> AsyncIterator[Page]:
     context = await browser.new_context(viewport={"width": 1280, "height": 900})
     yield Page(await context.new_page())
     await context.close()
-
-
-def expect(locator: Any) -> Any:
-    from playwright.async_api import expect as playwright_expect
-
-    return playwright_expect(locator)
 
 
 async def test_run_page_draws_every_point_and_grows_while_training(
