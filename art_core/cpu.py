@@ -103,6 +103,7 @@ class CoreUse:
         self._lock = threading.Lock()
         self._last: tuple[float, float, float] | None = None  # (wall, cpus busy, own cpu)
         self._busy: float | None = None
+        self._budget: tuple[float, int] | None = None  # (when read, cpu_budget())
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         try:
             self._cpus = {f"cpu{n}" for n in os.sched_getaffinity(0)}
@@ -125,6 +126,15 @@ class CoreUse:
             busy += sum(fields) - fields[3] - fields[4]
         own = os.times()
         return time.monotonic(), busy / self._tick, own.user + own.system
+
+    def budget(self) -> int:
+        """``cpu_budget()``, read again at most every ``interval_s``: it reads the affinity
+        mask and the cgroup's files, too slow for every decode step."""
+        now = time.monotonic()
+        with self._lock:
+            if self._budget is None or now - self._budget[0] >= self.interval_s:
+                self._budget = (now, cpu_budget())
+            return self._budget[1]
 
     def others_busy(self) -> float | None:
         """Cores other processes kept busy since the previous reading (0.0 = all ours)."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from art_core.cpu import cpu_budget, free_cores
+from art_core.cpu import CORE_USE, cpu_budget, free_cores
 
 logger = logging.getLogger(__name__)
 # Each torch-calling thread's chosen thread count (OpenMP keeps one per calling thread).
@@ -130,7 +130,7 @@ def follow_free_cores() -> int:
         return current
     if target < 2:
         return current
-    wanted = min(target, free_cores(cpu_budget()))
+    wanted = min(target, free_cores(CORE_USE.budget()))
     if current != wanted:
         torch.set_num_threads(wanted)
         _targets.applied = wanted

@@ -594,7 +594,7 @@ async def _events(
     fail: Exception | None = None,
 ) -> list[dict[str, Any]]:
     async def fake(
-        calls: list[Any], texts: list[StreamedText]
+        calls: list[Any], texts: list[StreamedText], pacing: Any
     ) -> AsyncIterator[list[TextDelta] | Recorded]:
         sent = {"reasoning_content": "", "content": ""}
         for field_name, chunk in deltas:

@@ -51,7 +51,7 @@ def test_torch_threads_follow_the_cores_other_processes_leave_free(
 
     others = {"busy": 0.0}
     monkeypatch.setattr(device, "cpu_budget", lambda: 2)
-    monkeypatch.setattr(cpu, "cpu_budget", lambda: 2)
+    monkeypatch.setattr(cpu.CORE_USE, "budget", lambda: 2)
     monkeypatch.setattr(cpu.CORE_USE, "others_busy", lambda: others["busy"])
     monkeypatch.delenv(cpu.ADAPT_ENV, raising=False)
 
@@ -74,6 +74,18 @@ def test_torch_threads_follow_the_cores_other_processes_leave_free(
     monkeypatch.setenv(cpu.ADAPT_ENV, "0")
     others["busy"] = 1.0
     assert cpu.free_cores(2) == 2  # turned off: the whole budget
+
+
+def test_the_budget_asked_every_decode_step_is_read_once_an_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads = []
+    monkeypatch.setattr(cpu, "cpu_budget", lambda: reads.append(1) or 3)
+    use = cpu.CoreUse(interval_s=3600)
+    assert [use.budget() for _ in range(100)] == [3] * 100
+    assert len(reads) == 1
+    use = cpu.CoreUse(interval_s=0)  # every call reads again
+    assert [use.budget() for _ in range(3)] == [3] * 3 and len(reads) == 4
 
 
 def test_the_cpu_budget_is_the_affinity_mask_capped_by_a_cgroup_quota(

@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
 import art_core as art
+from art_core.gateway.pacing import StreamPacing
 
 NOTE_TOOL = {
     "type": "function",
@@ -94,15 +98,43 @@ async def test_a_forced_tool_call_cut_by_max_tokens_is_a_partial_tool_call(
     ],
 )
 async def test_streaming_is_incremental_with_stop_strings_and_tools(
-    tiny_model: art.TrainableModel, extra: dict[str, Any]
+    backend: art.LocalBackend, tiny_model: art.TrainableModel, extra: dict[str, Any]
 ) -> None:
     client = tiny_model.openai_client()
     request = {"model": "tiny", "messages": USER, "max_tokens": 24, "seed": 3, **extra}
     plain = await client.chat.completions.create(**request)
-    _, contents = await _stream(client, **request)
+    gateway = backend.gateway
+    pacing = gateway.stream_pacing
+    gateway.stream_pacing = StreamPacing(0, math.inf)  # every batch of tokens as it comes
+    try:
+        _, contents = await _stream(client, **request)
+    finally:
+        gateway.stream_pacing = pacing
     # Text arrives as it is sampled (several chunks), and adds up to the full answer.
     assert len(contents) >= 3, contents
     assert "".join(contents) == (plain.choices[0].message.content or "")
+
+
+async def test_a_stream_writes_its_first_text_at_once_and_the_rest_after_its_interval(
+    backend: art.LocalBackend, tiny_model: art.TrainableModel
+) -> None:
+    """With an interval longer than the answer takes, a stream writes twice: its first
+    text as soon as it is sampled, then everything else once the call is recorded (the end
+    does not wait out the interval); the text still adds up to the answer."""
+    client = tiny_model.openai_client()
+    request = {"model": "tiny", "messages": USER, "max_tokens": 48, "seed": 5}
+    plain = await client.chat.completions.create(**request)
+    gateway = backend.gateway
+    pacing = gateway.stream_pacing
+    gateway.stream_pacing = StreamPacing(interval_s=3600)
+    try:
+        chunks, contents = await asyncio.wait_for(_stream(client, **request), 60)
+    finally:
+        gateway.stream_pacing = pacing
+    assert len(contents) == 2, contents
+    assert "".join(contents) == plain.choices[0].message.content
+    last = next(c for c in reversed(chunks) if c.choices and c.choices[0].finish_reason)
+    assert last.choices[0].finish_reason == plain.choices[0].finish_reason
 
 
 async def test_models_retrieve(tiny_model: art.TrainableModel) -> None:
@@ -112,3 +144,30 @@ async def test_models_retrieve(tiny_model: art.TrainableModel) -> None:
     assert (await client.models.retrieve("tiny@0")).id == "tiny@0"
     with pytest.raises(openai.NotFoundError):
         await client.models.retrieve("no-such-model")
+
+
+async def test_a_client_that_hangs_up_mid_stream_leaves_its_call_recorded(
+    backend: art.LocalBackend, tiny_model: art.TrainableModel
+) -> None:
+    """Reading one event and hanging up: the sampling goes on, the call is recorded whole,
+    and the stream no longer counts as open for the gateway's write budget."""
+    served = backend.served(tiny_model)
+    rollout = "hangs-up-mid-stream"
+    body = {"model": "tiny", "messages": USER, "max_tokens": 200, "seed": 9, "stream": True}
+    url = f"{backend.server.base_url}/rollouts/{rollout}/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=60) as client, client.stream("POST", url, json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                break  # hang up after the first event
+    for _ in range(600):  # the sampling goes on without a reader: wait for its record
+        if served.store.calls_for(rollout):
+            break
+        await asyncio.sleep(0.05)
+    [call] = served.store.calls_for(rollout)
+    assert call.finish_reason in ("stop", "length") and call.completion_token_ids
+    for _ in range(600):  # the stream's generator is closed once the server sees the hang-up
+        if backend.gateway.stream_pacing.open == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert backend.gateway.stream_pacing.open == 0

@@ -18,6 +18,7 @@ from typing import Protocol
 from art_core.engines.base import EngineError
 from art_core.gateway.deltas import Recorded, StreamedText, TextDelta, sampled_deltas
 from art_core.gateway.errors import APIError, engine_error, internal_error
+from art_core.gateway.pacing import StreamPacing
 from art_core.gateway.recording import Sampled, sample_and_record
 from art_core.gateway.requests import PreparedCall
 from art_core.trajectories import LLMCall
@@ -77,10 +78,15 @@ def refusal(exc: BaseException) -> APIError:
     return internal_error(exc)
 
 
-async def stream_answer(calls: list[PreparedCall], encoder: StreamEncoder) -> AsyncIterator[str]:
+async def stream_answer(
+    calls: list[PreparedCall],
+    encoder: StreamEncoder,
+    pacing: StreamPacing | None = None,
+) -> AsyncIterator[str]:
     """The events of a streamed request: ``encoder``'s opening, its delta events as the
-    text is sampled, then its end, or its failure when a call failed (the calls that did
-    not fail are still recorded and handed to it).
+    text is sampled (paced by ``pacing``: ``deltas.sampled_deltas``), then
+    its end, or its failure when a call failed (the calls that did not fail are still
+    recorded and handed to it).
 
     Example:
         >>> event_stream(stream_answer([prepared], ChatEncoder(prepared)))  # fragment: a `prepared` call inside the gateway  # doctest: +SKIP
@@ -91,7 +97,7 @@ async def stream_answer(calls: list[PreparedCall], encoder: StreamEncoder) -> As
     recorded = Recorded([[] for _ in calls])
     failure: BaseException | None = None
     try:
-        async for item in sampled_deltas(calls, texts):
+        async for item in sampled_deltas(calls, texts, pacing):
             if isinstance(item, Recorded):
                 recorded = item
                 continue

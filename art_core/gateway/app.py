@@ -30,6 +30,7 @@ from starlette.responses import Response
 from art_core.gateway.apis import chat, completions, messages, models, responses
 from art_core.gateway.body import DEFAULT_MAX_BODY_BYTES
 from art_core.gateway.errors import APIError, http_exception_response, internal_error
+from art_core.gateway.pacing import StreamPacing
 from art_core.gateway.requests import DEFAULT_MAX_METADATA_BYTES
 from art_core.gateway.routes import WireAPI, mounted
 from art_core.gateway.serving import ROLLOUT_ID, ModelLoader, ServedModel, Serving
@@ -58,11 +59,13 @@ class Gateway(Serving):
         max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
         model_loader: ModelLoader | None = None,
         apis: Sequence[WireAPI] = WIRE_APIS,
+        stream_pacing: StreamPacing | None = None,
     ) -> None:
         super().__init__(
             max_body_bytes=max_body_bytes,
             max_metadata_bytes=max_metadata_bytes,
             model_loader=model_loader,
+            stream_pacing=stream_pacing,
         )
         self.routes = mounted(self, apis)
         # Routes answer their own errors (``routes.answered``); these handlers are the last

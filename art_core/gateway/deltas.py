@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from art_core.gateway.pacing import StreamPacing
 from art_core.gateway.recording import sample_and_record
 from art_core.gateway.relay import TokenInbox
 from art_core.gateway.requests import PreparedCall
@@ -83,17 +84,21 @@ class StreamedText:
 
 
 async def sampled_deltas(
-    calls: list[PreparedCall], texts: list[StreamedText]
+    calls: list[PreparedCall],
+    texts: list[StreamedText],
+    pacing: StreamPacing | None = None,
 ) -> AsyncIterator[list[TextDelta] | Recorded]:
     """Sample and record ``calls`` side by side, yielding the text deltas of the tokens
     sampled since last time, as they come (``texts[i]`` keeps what was sent of call ``i``),
-    and then ``Recorded``. The sampling
-    and recording are not cancelled by a consumer that stops early (a client that hangs up):
-    they go on and the calls are recorded. A call that fails is in ``Recorded.failure``.
+    and then ``Recorded``. The sampling and recording are not cancelled by a consumer that
+    stops early (a client that hangs up): they go on and the calls are recorded. A call
+    that fails is in ``Recorded.failure``.
 
-    Tokens that arrive while the consumer is busy (sending the last deltas) are taken
-    together: each choice's text is decoded once per batch, not once per token, and the
-    batch's deltas come as one list (one write to the client).
+    The first deltas come as soon as they are sampled; after each batch it yields, it waits
+    ``pacing``'s interval (None: no wait) and then takes every token sampled meanwhile
+    together: each choice's text is decoded once per batch, and the batch's deltas come as
+    one list (one write to the client). ``Recorded`` comes as soon as every call is
+    recorded.
 
     Example:
         >>> async for item in sampled_deltas([prepared], [StreamedText(1)]):  # fragment: a `prepared` call inside the gateway  # doctest: +SKIP
@@ -101,34 +106,52 @@ async def sampled_deltas(
     """
     inbox = TokenInbox()
     loop = asyncio.get_running_loop()
+    # One relay carries the ids of all the request's calls (any relay to this loop would).
+    relay = calls[0].served.token_relay(loop)
     tasks = [
-        call.served.start_sampling(
-            sample_and_record(call, on_tokens=call.served.token_relay(loop).listener(inbox, i))
-        )
+        call.served.start_sampling(sample_and_record(call, on_tokens=relay.listener(inbox, i)))
         for i, call in enumerate(calls)
     ]
+    unfinished = len(tasks)
+
+    def finished(_: object) -> None:
+        nonlocal unfinished
+        unfinished -= 1
+        if not unfinished:
+            inbox.finish()
+
     for task in tasks:
-        task.add_done_callback(lambda _: inbox.ready.set())
-    sampled: dict[tuple[int, int], list[int]] = {}
-    while True:
-        items = inbox.take()
-        if not items:
-            # A call's tokens are all put before it finishes: nothing more will come.
-            if all(task.done() for task in tasks):
-                break
-            await inbox.ready.wait()
-            continue
-        touched: dict[tuple[int, int], None] = {}  # in arrival order
-        for i, choice, ids in items:
-            sampled.setdefault((i, choice), []).extend(ids)
-            touched[(i, choice)] = None
-        deltas = []
-        for i, choice in touched:
-            now = calls[i].reader.streamed(calls[i], sampled[(i, choice)])
-            if now is not None:
-                deltas += texts[i].advance(choice, now)
-        if deltas:
-            yield deltas
+        task.add_done_callback(finished)
+    if pacing is not None:
+        pacing.open += 1
+    try:
+        sampled: dict[tuple[int, int], list[int]] = {}
+        while True:
+            relay.collect()
+            items = inbox.take()
+            if not items:
+                # A call's tokens are all put before it finishes: nothing more will come.
+                if inbox.finished:
+                    break
+                await relay.wait(inbox)
+                continue
+            touched: dict[tuple[int, int], None] = {}  # in arrival order
+            for i, choice, ids in items:
+                sampled.setdefault((i, choice), []).extend(ids)
+                touched[(i, choice)] = None
+            deltas = []
+            for i, choice in touched:
+                now = calls[i].reader.streamed(calls[i], sampled[(i, choice)])
+                if now is not None:
+                    deltas += texts[i].advance(choice, now)
+            if deltas:
+                written = loop.time()
+                yield deltas
+                if pacing is not None:
+                    await inbox.pause(written + pacing.interval())
+    finally:
+        if pacing is not None:
+            pacing.open -= 1
     failures = [task.exception() for task in tasks]
     yield Recorded(
         [

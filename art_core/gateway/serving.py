@@ -18,6 +18,7 @@ from starlette.requests import Request
 
 from art_core.gateway.body import DEFAULT_MAX_BODY_BYTES
 from art_core.gateway.errors import APIError, scrub_paths
+from art_core.gateway.pacing import StreamPacing
 from art_core.gateway.requests import DEFAULT_MAX_METADATA_BYTES
 from art_core.gateway.rollout_sampling import RolloutSamplingStore
 from art_core.gateway.schemas import SchemaChecks
@@ -52,10 +53,13 @@ class Serving:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
         model_loader: ModelLoader | None = None,
+        stream_pacing: StreamPacing | None = None,
     ) -> None:
         self.models: dict[str, ServedModel] = {}
         self.max_body_bytes = max_body_bytes
         self.max_metadata_bytes = max_metadata_bytes
+        # How often streamed answers write (``pacing``).
+        self.stream_pacing = stream_pacing if stream_pacing is not None else StreamPacing()
         # JSON Schemas that passed the (slow) check, by content: agents resend the same tools.
         self.schema_checks = SchemaChecks()
         self.model_loader = model_loader

@@ -27,6 +27,7 @@ from art_core.gateway.errors import (
     send_error,
     shown_path,
 )
+from art_core.gateway.pacing import StreamPacing
 from art_core.server.api import ServiceAPI
 from art_core.server.auth import BearerAuth
 from art_core.server.limits import Backpressure
@@ -111,6 +112,9 @@ def build_app(service: Service) -> ASGIApp:
     )
     gateway = service.backend.gateway
     gateway.max_body_bytes = settings.max_body_bytes
+    gateway.stream_pacing = StreamPacing(
+        settings.stream_interval_s, settings.max_stream_writes_per_s
+    )
     gateway.model_loader = service.load_on_demand
     app: ASGIApp = _Dispatch(api, gateway.app)
     app = Backpressure(app, settings.max_pending, settings.retry_after_s)

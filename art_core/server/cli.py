@@ -117,6 +117,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
             None if args.prefix_cache_mb is None else int(args.prefix_cache_mb * 1024 * 1024)
         ),
         default_max_tokens=args.default_max_tokens,
+        stream_interval_s=args.stream_interval,
+        max_stream_writes_per_s=args.max_stream_writes,
         replicas=args.replicas,
         threads_per_replica=args.threads_per_replica,
         replica_devices=args.replica_device or None,
@@ -328,6 +330,21 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         "of a GPU's; 0: off)",
     )
     parser.add_argument("--default-max-tokens", type=_positive(int), default=1024)
+    parser.add_argument(
+        "--stream-interval",
+        type=_non_negative_float,
+        default=ServeSettings.stream_interval_s,
+        help="seconds a streamed answer waits between two writes, the tokens sampled "
+        "meanwhile sent together (its first text and its end are sent at once; 0: every "
+        "batch of tokens as it comes)",
+    )
+    parser.add_argument(
+        "--max-stream-writes",
+        type=_positive_finite,
+        default=ServeSettings.max_stream_writes_per_s,
+        help="writes a second all streamed answers make together, about, at most: with "
+        "many streams open each writes less often than --stream-interval",
+    )
     parser.add_argument(
         "--replicas",
         type=_positive(int),

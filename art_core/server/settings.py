@@ -10,6 +10,7 @@ from pathlib import Path
 
 from art_core.access import LOOPBACK_NAMES, is_loopback, new_token
 from art_core.gateway.connections import ConnectionLimits
+from art_core.gateway.pacing import DEFAULT_MAX_STREAM_WRITES_PER_S, DEFAULT_STREAM_INTERVAL_S
 from art_core.server.train_limits import TrainLimits
 
 __all__ = ["LOOPBACK_NAMES", "ServeSettings", "is_loopback", "new_token"]
@@ -54,6 +55,10 @@ class ServeSettings:
     replica_devices: list[str] | None = None
     ray_address: str | None = None
     default_max_tokens: int = 1024
+    # How often streamed answers write: each at most once this interval, all together about
+    # this many times a second at most (gateway/pacing.py says why).
+    stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S
+    max_stream_writes_per_s: float = DEFAULT_MAX_STREAM_WRITES_PER_S
     # Models loaded at once (each holds an engine: weights, threads, a call record).
     max_models: int = 16
     # Per model: memory the calls of unreleased rollouts may hold (see CallStore).

@@ -65,7 +65,7 @@ async def create(serving: Serving, request: Request) -> Response:
         clock.mark("parse")
     call = await prepare_translated(serving, chat, translated, api=API, rollout_id=rollout)
     if chat.chat.stream:
-        return event_stream(stream_answer([call], ChatEncoder(call)))
+        return event_stream(stream_answer([call], ChatEncoder(call), serving.stream_pacing))
     if clock:
         clock.mark("prepare")
         call.clock = clock

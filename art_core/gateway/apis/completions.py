@@ -603,7 +603,7 @@ async def create(serving: Serving, request: Request) -> Response:
     calls = await prepare(serving, parsed, request.headers.get("x-art-metadata"), rollout)
     answer = Answer(parsed, calls)
     if parsed.request.stream:
-        return event_stream(stream_answer(calls, CompletionsEncoder(answer)))
+        return event_stream(stream_answer(calls, CompletionsEncoder(answer), serving.stream_pacing))
     sampled = await sample_shielded(calls)
     body = answer.body([each.calls for each in sampled])
     if parsed.request.prompt_logprobs is not None:

@@ -70,6 +70,7 @@ from art_core.gateway.errors import (
     json_response,
     validation_message,
 )
+from art_core.gateway.pacing import StreamPacing
 from art_core.gateway.reading import (
     Translated,
     prepare_translated,
@@ -641,7 +642,7 @@ async def create(serving: Serving, request: Request) -> Response:
     call = await prepare_translated(serving, chat, translated, api=API, rollout_id=rollout)
     answer = Answer(call, translated)
     if translated.context["stream"]:
-        return event_stream(stream_events(answer))
+        return event_stream(stream_events(answer, serving.stream_pacing))
     (sampled,) = await sample_shielded([call])
     return completion_response(answer.body(sampled.calls[0]))
 
@@ -684,13 +685,13 @@ def _event(kind: str, **fields: Any) -> str:
     return named_event(kind, {"type": kind, **fields})
 
 
-def stream_events(answer: Answer) -> AsyncIterator[str]:
+def stream_events(answer: Answer, pacing: StreamPacing | None = None) -> AsyncIterator[str]:
     """The documented event sequence of a streamed message (``MessagesEncoder``).
 
     Example:
         >>> event_stream(stream_events(answer))  # fragment: an `answer` inside the gateway  # doctest: +SKIP
     """
-    return stream_answer([answer.call], MessagesEncoder(answer))
+    return stream_answer([answer.call], MessagesEncoder(answer), pacing)
 
 
 class MessagesEncoder:

@@ -782,7 +782,9 @@ async def create(serving: Serving, request: Request) -> Response:
     call = await prepare_translated(serving, chat, translated, api=API, rollout_id=rollout)
     answer = Answer(call, payload, translated, scope)
     if payload.get("stream"):
-        return event_stream(stream_answer([call], ResponsesEncoder(answer, store)))
+        return event_stream(
+            stream_answer([call], ResponsesEncoder(answer, store), serving.stream_pacing)
+        )
     (sampled,) = await sample_shielded([call])
     _remember(store, answer, sampled.calls[0])
     return completion_response(answer.body(sampled.calls[0]))
@@ -968,7 +970,11 @@ def stream_events(serving: Serving, answer: Answer) -> AsyncIterator[str]:
     Example:
         >>> event_stream(stream_events(serving, answer))  # fragment: the gateway's `serving` and an `answer`  # doctest: +SKIP
     """
-    return stream_answer([answer.call], ResponsesEncoder(answer, stored_responses(serving)))
+    return stream_answer(
+        [answer.call],
+        ResponsesEncoder(answer, stored_responses(serving)),
+        serving.stream_pacing,
+    )
 
 
 ROUTES = (APIRoute("/v1/responses", create),)
