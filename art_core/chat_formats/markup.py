@@ -15,6 +15,8 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from art_core.chat_formats.decoding import decode_ids
+
 
 class Markup:
     """A tokenizer's view of the markup strings of one chat format.
@@ -60,6 +62,6 @@ class Markup:
         """The text of ``ids``: special tokens dropped, except the format's markup when
         ``keep_markup`` (the answer is then parsed for it)."""
         if not keep_markup or not self.keeps_special:
-            return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+            return decode_ids(self.tokenizer, ids, skip_special_tokens=True)
         kept = [i for i in ids if i not in self._dropped]
-        return str(self.tokenizer.decode(kept, skip_special_tokens=False))
+        return decode_ids(self.tokenizer, kept, skip_special_tokens=False)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from art_core.chat_formats.decoding import decode_ids
 from art_core.device import choose_device, follow_free_cores, serving_dtype, use_cpu_threads
 from art_core.engines.base import (
     AdapterInfo,
@@ -1053,7 +1054,7 @@ class TransformersEngine(ServesAdapters):
             row.finish_reason = "stop"  # cannot happen under the mask; stop rather than loop
             return True
         if params.stop:
-            tail = self.tokenizer.decode(row.tokens[-64:], skip_special_tokens=False)
+            tail = decode_ids(self.tokenizer, row.tokens[-64:])
             for stop in params.stop:
                 if stop in tail:
                     row.finish_reason, row.stop_string = "stop", stop

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from art_core.chat_formats import ChatFormat, ParsedAnswer
+from art_core.chat_formats.decoding import decode_ids
 from art_core.chat_formats.format import safe_before
 from art_core.engines.base import GenerationResult, SamplingParams
 
@@ -139,7 +140,7 @@ class RawTextReader:
     skip_special: bool = True
 
     def text(self, call: ReadCall, ids: list[int]) -> str:
-        return str(call.served.tokenizer.decode(ids, skip_special_tokens=self.skip_special))
+        return decode_ids(call.served.tokenizer, ids, skip_special_tokens=self.skip_special)
 
     def streamed(self, call: ReadCall, ids: list[int]) -> dict[str, str | None] | None:
         decoded = self.text(call, ids)

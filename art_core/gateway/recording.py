@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from art_core.chat_formats.decoding import decode_ids
 from art_core.engines.base import (
     EngineError,
     GenerationRequest,
@@ -89,7 +90,7 @@ def to_llm_call(
         prompt_token_ids=call.prompt_ids,
         completion_token_ids=result.token_ids,
         logprobs=result.logprobs,
-        completion_text=call.served.tokenizer.decode(result.token_ids, skip_special_tokens=False),
+        completion_text=decode_ids(call.served.tokenizer, result.token_ids),
         response_message=answer.message,
         finish_reason=answer.finish_reason,
         created_at=started,
