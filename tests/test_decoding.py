@@ -33,7 +33,7 @@ def sequences(tokenizer: Any) -> list[list[int]]:
     out += [rng.sample(special, len(special)) + [rng.randrange(size) for _ in range(10)]]
     text = "Hello , world ! It 's  a   test .\n\ttabs\u2028and é 漢字 🙂 <tool_call>{}</tool_call>"
     out.append(tokenizer.encode(text, add_special_tokens=True))
-    return out + [[]]
+    return [*out, []]
 
 
 @pytest.mark.parametrize("skip_special_tokens", [False, True])

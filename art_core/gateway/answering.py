@@ -21,6 +21,7 @@ from art_core.gateway.errors import APIError, engine_error, internal_error
 from art_core.gateway.pacing import StreamPacing
 from art_core.gateway.recording import Sampled, sample_and_record
 from art_core.gateway.requests import PreparedCall
+from art_core.gateway.wire import LastEvents
 from art_core.trajectories import LLMCall
 
 logger = logging.getLogger(__name__)
@@ -84,15 +85,17 @@ async def stream_answer(
     pacing: StreamPacing | None = None,
 ) -> AsyncIterator[str]:
     """The events of a streamed request: ``encoder``'s opening, its delta events as the
-    text is sampled (paced by ``pacing``: ``deltas.sampled_deltas``), then
-    its end, or its failure when a call failed (the calls that did not fail are still
-    recorded and handed to it).
+    text is sampled (paced by ``pacing``: ``deltas.sampled_deltas``), then its end, or its
+    failure when a call failed (the calls that did not fail are still recorded and handed
+    to it). Each item is one write: the opening goes with the first text, and the end,
+    the last item, is a ``LastEvents`` (written with the end of the body).
 
     Example:
         >>> event_stream(stream_answer([prepared], ChatEncoder(prepared)))  # fragment: a `prepared` call inside the gateway  # doctest: +SKIP
     """
-    for event in encoder.opening():
-        yield event
+    # Written with the first text: each write costs a syscall and turns of the loop, and
+    # the response's headers already tell the client that the answer has started.
+    opening = "".join(encoder.opening())
     texts = [StreamedText(call.params.n, i) for i, call in enumerate(calls)]
     recorded = Recorded([[] for _ in calls])
     failure: BaseException | None = None
@@ -101,11 +104,11 @@ async def stream_answer(
             if isinstance(item, Recorded):
                 recorded = item
                 continue
-            # One write for the batch's events: a write per token costs a syscall and a
-            # turn of the loop each.
+            # One write for the batch's events.
             events = "".join(event for delta in item for event in encoder.delta(delta))
             if events:
-                yield events
+                yield opening + events
+                opening = ""
     except Exception as exc:  # not the sampling's (it goes on and records)
         failure = exc
     failure = failure or recorded.failure
@@ -114,5 +117,4 @@ async def stream_answer(
         if failure is not None
         else encoder.finished(recorded.calls, texts)
     )
-    for event in ending:
-        yield event
+    yield LastEvents(opening + "".join(ending))

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Send
 
 SSE_DONE = "data: [DONE]\n\n"
 
@@ -43,12 +44,42 @@ def named_event(kind: str, payload: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {orjson.dumps(payload).decode()}\n\n"
 
 
+class LastEvents(str):
+    """The last events of a stream: written together with the end of the body (one write
+    for the two; a ``StreamingResponse`` ends with a write of its own).
+
+    Example:
+        >>> LastEvents("data: [DONE]\n\n") == SSE_DONE
+        True
+    """
+
+
+class EventStreamResponse(StreamingResponse):
+    """A ``StreamingResponse`` of server-sent events that ends its body with the item
+    marked ``LastEvents``, when one comes (nothing may follow it)."""
+
+    async def stream_response(self, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        ended = False
+        async for chunk in self.body_iterator:
+            if ended:
+                raise RuntimeError("a stream's events came after its LastEvents")
+            ended = isinstance(chunk, LastEvents)
+            body = chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(self.charset)
+            await send({"type": "http.response.body", "body": body, "more_body": not ended})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
-    """The streamed answer of ``events`` (``text/event-stream``, never cached).
+    """The streamed answer of ``events`` (``text/event-stream``, never cached), each item
+    one write, the body ended with the ``LastEvents`` item.
 
     Example:
         >>> event_stream(stream_answer([prepared], encoder))  # fragment: a `prepared` call and its `encoder`  # doctest: +SKIP
     """
-    return StreamingResponse(
+    return EventStreamResponse(
         events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
     )
