@@ -16,13 +16,17 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
 from art_core.cpu import CORE_USE, cpu_budget, free_cores
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 # Each torch-calling thread's chosen thread count (OpenMP keeps one per calling thread).
 _targets = threading.local()
 
@@ -108,6 +112,34 @@ def use_cpu_threads(threads: int | None = None) -> int:
         torch.set_num_threads(wanted)
         logger.info("torch CPU threads: %d (this process may use %d cores)", wanted, budget)
     return wanted
+
+
+def set_cpu_threads(pool: Executor, threads: int | None = None) -> int:
+    """``use_cpu_threads(threads)`` on ``pool``'s thread, leaving the count new threads start
+    on as it was; returns the count set.
+
+    torch (2.13 with its OpenMP, Linux) starts every new thread on the count last set in any
+    thread: the sampler's share of a sampling/training split became the count of every
+    thread created after it, so a model registered later sampled and trained on one thread
+    of two cores. The count new threads start on is read, and set back, in a thread of its
+    own (setting it there changes no other thread's count).
+
+    Example:
+        >>> from concurrent.futures import ThreadPoolExecutor
+        >>> with ThreadPoolExecutor(1) as pool:
+        ...     set_cpu_threads(pool, 1)
+        1
+    """
+    default = _in_a_new_thread(torch.get_num_threads)
+    try:
+        return pool.submit(use_cpu_threads, threads).result()
+    finally:
+        _in_a_new_thread(torch.set_num_threads, default)
+
+
+def _in_a_new_thread(fn: Callable[..., T], *args: Any) -> T:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-threads") as pool:
+        return pool.submit(fn, *args).result()
 
 
 def follow_free_cores() -> int:

@@ -115,3 +115,21 @@ def test_torch_threads_are_capped_at_the_budget_and_never_raised(
         assert device.use_cpu_threads(3) == 3
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_threads_count_is_set_without_changing_the_one_new_threads_start_on() -> None:
+    """torch starts a new thread on the count last set in any thread; ``set_cpu_threads``
+    sets one thread's count (one side of a sampling/training split) and leaves that."""
+    import torch
+
+    from art_core import device
+
+    def new_thread_count() -> int:
+        with ThreadPoolExecutor(1) as fresh:
+            return fresh.submit(torch.get_num_threads).result()
+
+    default = new_thread_count()
+    with ThreadPoolExecutor(1) as sampler:
+        assert device.set_cpu_threads(sampler, 1) == 1
+        assert sampler.submit(torch.get_num_threads).result() == 1
+        assert new_thread_count() == default

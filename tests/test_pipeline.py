@@ -258,8 +258,7 @@ async def _train_pipeline(
     path: Path, steps: int, **options: object
 ) -> tuple[art.PipelineTrainer, int, int]:
     """A short pipeline run; the model thread's CPU threads before and after it."""
-    # torch's thread count is one process-wide default for threads created later: as in a
-    # fresh process, the model's thread starts with every core.
+    # The model's thread starts on this (the registering) thread's count: every core.
     torch.set_num_threads(cpu_budget())
     async with art.LocalBackend(path=path) as backend:
         model = art.TrainableModel(name="mode", project="pipeline", base_model="tiny-random")
@@ -345,16 +344,38 @@ async def test_overlap_is_tried_when_predicted_and_left_when_the_measured_step_d
 
 @WHOLE_MACHINE
 async def test_lock_step_after_overlap_gives_the_engine_its_threads_back(tmp_path: Path) -> None:
-    _, before, after = await _train_pipeline(tmp_path / "a", steps=2, overlap=True)
-    budget = cpu_budget()
-    assert before == budget
-    assert after == budget - budget // 2  # overlapped: the engine samples on its share
+    trainer, before, after = await _train_pipeline(tmp_path / "a", steps=2, overlap=True)
+    assert [r.metrics["train/pipeline_overlap"] for r in trainer.results] == [1.0, 1.0]
+    # Overlapped, the engine sampled on its share of the cores; the pipeline's end gives
+    # them back (sampling after it, an evaluation, runs on all of them).
+    assert before == after == cpu_budget()
     trainer, before, after = await _train_pipeline(tmp_path / "b", steps=2 * PROBE_STEPS + 1)
     if trainer.overlap_chosen is False:  # the last step was lock-step, after overlapped ones
         assert after == before
     trainer, before, after = await _train_pipeline(tmp_path / "c", steps=2, overlap=False)
     assert [r.metrics["train/pipeline_overlap"] for r in trainer.results] == [0.0, 0.0]
     assert after == before
+
+
+@WHOLE_MACHINE
+async def test_a_model_registered_beside_a_split_samples_on_every_core(tmp_path: Path) -> None:
+    """Another model's sampling/training split (its engine on its share of the cores) leaves
+    the count new threads start on as it was: a model registered meanwhile gets every core.
+    (torch starts new threads on the count last set in any thread.)"""
+    torch.set_num_threads(cpu_budget())
+    async with art.LocalBackend(path=tmp_path) as backend:
+        first = art.TrainableModel(name="first", project="pipeline", base_model="tiny-random")
+        await first.register(backend)
+        split = backend.prepare_serve_while_training(first)
+        assert split is not None
+        first_thread = backend._entry(first).torch_thread
+        assert first_thread.submit(torch.get_num_threads).result() == split.sampler_threads
+        second = art.TrainableModel(name="second", project="pipeline", base_model="tiny-random")
+        await second.register(backend)
+        second_thread = backend._entry(second).torch_thread
+        assert second_thread.submit(torch.get_num_threads).result() == cpu_budget()
+        await backend.end_serve_while_training(first)
+        assert first_thread.submit(torch.get_num_threads).result() == cpu_budget()
 
 
 async def test_one_core_makes_the_default_pipeline_lock_step_and_says_why(

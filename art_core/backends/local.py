@@ -574,18 +574,30 @@ class LocalBackend(BackendBase):
         (``_core_plan``: refused where the two would share one device)."""
         if entry.train_thread is not None:
             return entry.train_thread
-        from art_core.device import use_cpu_threads  # torch, as in _core_plan
+        from art_core.device import set_cpu_threads  # torch, as in _core_plan
 
         split = self._core_plan(entry)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-train")
         # torch's CPU thread count is per calling thread (OpenMP): each side gets its share.
-        pool.submit(use_cpu_threads, split.trainer_threads if split else cpu_budget()).result()
+        set_cpu_threads(pool, split.trainer_threads if split else cpu_budget())
         if split is not None:
-            entry.threads_before_split = entry.torch_thread.submit(use_cpu_threads).result()
-            entry.torch_thread.submit(use_cpu_threads, split.sampler_threads).result()
+            entry.threads_before_split = set_cpu_threads(entry.torch_thread)
+            set_cpu_threads(entry.torch_thread, split.sampler_threads)
             entry.core_split = split
         entry.train_thread = pool
         return pool
+
+    async def end_serve_while_training(self, model: TrainableModel) -> None:
+        """Give ``model``'s engine back every CPU thread it had before training while serving
+        split them (what a pipeline that trained overlapped does when it ends); nothing to do
+        when no split was made.
+
+        Example:
+            >>> await backend.end_serve_while_training(model)  # needs a registered model  # doctest: +SKIP
+        """
+        entry = self._entry(model)
+        async with entry.train_lock:
+            await self._end_serve_while_training(entry)
 
     @staticmethod
     async def _end_serve_while_training(entry: _Registered) -> None:
@@ -594,12 +606,12 @@ class LocalBackend(BackendBase):
         pool, threads = entry.train_thread, entry.threads_before_split
         if pool is None:
             return
-        from art_core.device import use_cpu_threads  # torch, as in _train_thread
+        from art_core.device import set_cpu_threads  # torch, as in _train_thread
 
         entry.train_thread = entry.threads_before_split = None
         pool.shutdown(wait=False)
         if threads is not None:
-            await asyncio.wrap_future(entry.torch_thread.submit(use_cpu_threads, threads))
+            await asyncio.to_thread(set_cpu_threads, entry.torch_thread, threads)
 
     async def train_sft(
         self,

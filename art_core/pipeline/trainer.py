@@ -577,6 +577,11 @@ class PipelineTrainer:
                 task.cancel()
             await asyncio.gather(*workers, closer, return_exceptions=True)
             await stream.aclose()
+            # The engine gets back the cores it lent the trainer (sampling after the
+            # pipeline, an evaluation, runs on all of them).
+            end_split = getattr(self._backend(), "end_serve_while_training", None)
+            if end_split is not None:
+                await end_split(self.model)
         return trained_here
 
     async def _step(
