@@ -49,7 +49,7 @@ class LastEvents(str):
     for the two; a ``StreamingResponse`` ends with a write of its own).
 
     Example:
-        >>> LastEvents("data: [DONE]\n\n") == SSE_DONE
+        >>> LastEvents(SSE_DONE) == SSE_DONE and isinstance(LastEvents(SSE_DONE), str)
         True
     """
 
