@@ -237,22 +237,24 @@ def print_table(cells: dict[tuple[int, str], Cell], levels: list[int], args: Any
     head = ["rows", "path", "tok/s", "vs engine", *PARTS, "engine CPU", "loop CPU"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    worst = float("inf")
+    worst = {"gateway": float("inf"), "streamed": float("inf")}
     for rows in levels:
         base = statistics.median(r.tokens_per_s for r in cells[(rows, "engine")].runs)
         for path in PATHS:
             run = cells[(rows, path)].median()
             ratio = run.tokens_per_s / base
-            if path == "gateway":
-                worst = min(worst, ratio)
+            if path in worst:
+                worst[path] = min(worst[path], ratio)
             parts = [f"{run.parts_ms[p]:.2f}" for p in PARTS]
             print(
                 f"| {rows} | {path} | {run.tokens_per_s:,.0f} | {ratio:.2f}x | "
                 + " | ".join(parts)
                 + f" | {run.engine_cpu_ms:.2f} | {run.loop_cpu_ms:.2f} |"
             )
-    verdict = "meets" if worst >= GOAL else "misses"
-    print(f"\ngateway (not streamed) at worst {worst:.2f}x the engine alone: {verdict} {GOAL}x")
+    print()
+    for path, ratio in worst.items():
+        verdict = "meets" if ratio >= GOAL else "misses"
+        print(f"{path} at worst {ratio:.2f}x the engine alone: {verdict} {GOAL}x")
 
 
 def parse_args() -> argparse.Namespace:
