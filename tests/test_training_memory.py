@@ -472,3 +472,13 @@ def test_the_budget_default_is_positive_here() -> None:
     if budget.bytes is None:
         pytest.skip("this system reports neither a cgroup limit nor MemAvailable")
     assert memory.MIN_BUDGET <= budget.bytes <= (memory.STARTUP.usable or math.inf)
+
+
+def test_the_heap_is_trimmed_only_past_half_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``malloc_trim`` walks every free chunk (a third of a small model's step): it runs
+    when the process holds over half its budget, or when there is no budget at all."""
+    monkeypatch.setattr(memory, "resident_bytes", lambda: 3 * 2**30)
+    assert memory.release_freed_memory(budget=8 * 2**30) is False
+    assert memory.release_freed_memory(budget=4 * 2**30) is True
+    monkeypatch.setattr(memory, "process_memory_budget", lambda: memory.MemoryBudget(None, "off"))
+    assert memory.release_freed_memory() is True

@@ -328,7 +328,7 @@ class Trainer:
                 raise
             finally:
                 self._cancel = None
-                release_freed_memory()
+                release_freed_memory(self._host_budget(config))
 
     def delete_checkpoints(
         self,
@@ -572,6 +572,13 @@ class Trainer:
             )
         return self._device_budget
 
+    def _host_budget(self, config: TrainingSettings) -> int | None:
+        """The process's memory budget in bytes (on CUDA the step's budget is the device's;
+        the host's is the process's)."""
+        if self.device.type == "cuda":
+            return process_memory.process_memory_budget().bytes
+        return resolve_memory_budget(config.memory_budget).bytes
+
     def _memory_in_use(self) -> int:
         """What the process (on CUDA: the device) holds now: the step starts from there."""
         if self.device.type == "cuda":
@@ -665,7 +672,8 @@ class Trainer:
             try:
                 return self._train_step_measured(groups, config, on_progress, started, peak)
             finally:
-                release_freed_memory()  # what the step freed, back to the system
+                # What the step freed, back to the system when memory is short.
+                release_freed_memory(self._host_budget(config))
 
     def _train_step_measured(
         self,
