@@ -474,8 +474,10 @@ def test_the_budget_default_is_positive_here() -> None:
     assert memory.MIN_BUDGET <= budget.bytes <= (memory.STARTUP.usable or math.inf)
 
 
-def test_the_heap_is_trimmed_only_past_half_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``malloc_trim`` walks every free chunk (a third of a small model's step): it runs
+def test_freed_memory_is_released_only_past_half_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full collection and ``malloc_trim`` cost a third of a small model's step: they run
     when the process holds over half its budget, or when there is no budget at all."""
     monkeypatch.setattr(memory, "resident_bytes", lambda: 3 * 2**30)
     assert memory.release_freed_memory(budget=8 * 2**30) is False
