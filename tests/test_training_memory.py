@@ -484,3 +484,33 @@ def test_freed_memory_is_released_only_past_half_the_budget(
     assert memory.release_freed_memory(budget=4 * 2**30) is True
     monkeypatch.setattr(memory, "process_memory_budget", lambda: memory.MemoryBudget(None, "off"))
     assert memory.release_freed_memory() is True
+
+
+def test_the_heap_frozen_at_a_load_is_left_out_of_collections_until_let_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What is alive once a model is loaded is frozen (a full collection no longer walks
+    it); a cycle among frozen objects is freed by ``collect_frozen`` (a model closed), and
+    ``ART_CORE_GC_FREEZE=0`` leaves the collector as Python has it."""
+    import gc
+    import weakref
+
+    class Node:
+        other: Any = None
+
+    monkeypatch.delenv(memory.FREEZE_ENV, raising=False)
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a cycle: only the collector frees it
+    alive = weakref.ref(a)
+    assert memory.freeze_heap() and gc.get_freeze_count() > 0
+    del a, b
+    gc.collect()
+    assert alive() is not None  # frozen: out of the collection
+    memory.collect_frozen()
+    assert alive() is None and gc.get_freeze_count() > 0  # freed; the rest frozen again
+
+    monkeypatch.setenv(memory.FREEZE_ENV, "0")
+    gc.unfreeze()
+    assert memory.freeze_heap() is False and gc.get_freeze_count() == 0
+    memory.collect_frozen()
+    assert gc.get_freeze_count() == 0

@@ -34,6 +34,7 @@ from art_core.gateway.app import Gateway, ServedModel
 from art_core.gateway.server import GatewayServer
 from art_core.gateway.store import CallStore, open_call_store
 from art_core.matching import attach_recorded_calls
+from art_core.memory import collect_frozen, freeze_heap
 from art_core.metrics import hooks as metric_hooks
 from art_core.model_folder import ModelFolder
 from art_core.names import check_name
@@ -255,6 +256,7 @@ class LocalBackend(BackendBase):
             torch_thread=torch_thread,
         )
         self._bind(model)
+        freeze_heap()  # the engine's weights and modules: out of later full collections
 
     @staticmethod
     def _check_folder(folder: ModelFolder, model: TrainableModel) -> None:
@@ -827,6 +829,7 @@ class LocalBackend(BackendBase):
             if entry.train_thread is not None:
                 entry.train_thread.shutdown(wait=False)
         self._models.clear()
+        collect_frozen()  # the engines' (frozen) objects that only cycles keep
         if self._started:
             await asyncio.to_thread(self.server.stop)
             self._started = False

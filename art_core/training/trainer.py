@@ -12,7 +12,6 @@ stored under step ``s``, so ``train/reward`` at step ``s`` measures checkpoint `
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import math
 import os
@@ -33,6 +32,8 @@ from art_core.kept_logits import KeptLogits
 from art_core.memory import (
     DEFAULT_FRACTION,
     MemoryBudget,
+    collect_frozen,
+    freeze_heap,
     release_freed_memory,
     resident_bytes,
     resolve_memory_budget,
@@ -372,7 +373,7 @@ class Trainer:
             if self._teacher is not None:
                 self._teacher[1].close()
                 self._teacher = None
-            gc.collect()
+            collect_frozen()  # the model may be among the objects frozen at its load
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
 
@@ -392,6 +393,7 @@ class Trainer:
             self._base_dtype = dtype
             self._checkpointing = bool(config.gradient_checkpointing)
             self._head = self._output_head(config)
+            freeze_heap()  # the model's modules: out of later full collections
         have, want = adapter_settings(self._model), config.lora_settings()
         if check_lora and have != want:
             raise ValueError(
