@@ -514,3 +514,23 @@ def test_the_heap_frozen_at_a_load_is_left_out_of_collections_until_let_go(
     assert memory.freeze_heap() is False and gc.get_freeze_count() == 0
     memory.collect_frozen()
     assert gc.get_freeze_count() == 0
+
+
+async def test_a_closed_backends_engine_is_freed_though_its_heap_was_frozen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's objects were frozen at registration; closing the backend lets go of
+    them and collects the frozen ones again, so the weights leave memory even while the
+    caller still holds the backend and the model."""
+    import weakref
+
+    import art_core as art
+
+    monkeypatch.delenv(memory.FREEZE_ENV, raising=False)
+    backend = art.LocalBackend(path=tmp_path)
+    async with backend:
+        model = art.TrainableModel(name="freed", project="memory", base_model="tiny-random")
+        await model.register(backend)
+        weights = weakref.ref(backend._entry(model).served.engine.model)
+        assert weights() is not None
+    assert weights() is None

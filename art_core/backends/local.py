@@ -829,6 +829,7 @@ class LocalBackend(BackendBase):
             if entry.train_thread is not None:
                 entry.train_thread.shutdown(wait=False)
         self._models.clear()
+        self.gateway.models.clear()
         collect_frozen()  # the engines' (frozen) objects that only cycles keep
         if self._started:
             await asyncio.to_thread(self.server.stop)
