@@ -350,9 +350,13 @@ def given_rollout(ns: dict[str, Any]) -> Iterator[None]:
     import art_core as art
     from art_core.testing.tools import WEATHER_TOOL
 
-    outcomes = itertools.cycle([1.0, 0.0])
+    # Each scenario's runs alternate 1, 0 in the order they start: a group (one scenario's
+    # runs) always holds both, whatever order concurrent runs of several groups finish in
+    # (one shared cycle by finish order once gave one group every 1 and the other every 0).
+    outcomes: dict[str, Iterator[float]] = {}
 
     async def rollout(model: Any, scenario: str) -> art.Trajectory:
+        reward = next(outcomes.setdefault(scenario, itertools.cycle([1.0, 0.0])))
         messages: Any = [{"role": "user", "content": scenario}]
         tools: Any = [WEATHER_TOOL]
         async with art.capture(model) as run:
@@ -363,7 +367,7 @@ def given_rollout(ns: dict[str, Any]) -> Iterator[None]:
                 tool_choice="required",
                 max_tokens=64,  # the whole call and its end token: finish_reason tool_calls
             )
-        return run.trajectory(reward=next(outcomes))
+        return run.trajectory(reward=reward)
 
     scenarios = ["Weather in Paris?", "Weather in Lima?", "Weather in Tokyo?", "Is it raining?"]
     ns.update(rollout=rollout, scenarios=scenarios)
@@ -514,7 +518,7 @@ GIVEN: dict[str, Given] = {
     "rollout": Given(
         "`rollout(model, scenario)` and `scenarios`: the user's own rollout function in the "
         "README; here one grammar-forced tool call (a random model's answer always finishes) "
-        "and rewards alternating 1, 0 so groups have something to learn",
+        "and each scenario's runs rewarded 1, 0 in turn so every group has something to learn",
         given_rollout,
     ),
     "groups": Given("`groups`: 2 groups of 4 runs of `rollout`, gathered", given_groups),
