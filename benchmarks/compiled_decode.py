@@ -15,7 +15,7 @@ greedy decode steps of ``--base-model`` in the engine's serving dtype
   process with an empty compile cache (its first call compiles: ``compile s``) and in a
   second process on the cache the first one left (what a restart pays);
 - the floor: the model's linear layers alone (pre-packed, the step's input shapes, one call
-  each) and the bytes of their weights over the read bandwidth of ``a.sum()`` on this
+  per packed weight: merged siblings, ``packed.MergedLinears``, are one call) and the bytes of their weights over the read bandwidth of ``a.sum()`` on this
   machine: a step cannot be faster than reading its weights once.
 
 ``vs generate`` is model.generate's ms per step over the path's (goal of issue 50: >= 2x);
@@ -33,6 +33,7 @@ Usage: bash run.sh bench compiled_decode [--base-model smollm2-135m] [--rows 1,8
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -211,12 +212,22 @@ def run_floor(spec: dict[str, Any]) -> dict[str, Any]:
     bandwidth = buffer.numel() * buffer.element_size() / best
     del buffer
     out = {"linears": len(linears), "weight_bytes": weight_bytes, "bandwidth": bandwidth}
+    # One call per packed weight: a group of merged siblings (``packed.MergedLinears``) is one.
+    calls: dict[int, Any] = {}
+    for linear in linears:
+        merged = linear.__dict__.get("_art_merged")
+        if merged is not None:
+            calls.setdefault(id(merged[0]), (merged[0].compute, linear.in_features))
+        else:
+            calls[id(linear)] = (functools.partial(base_linear, linear), linear.in_features)
+    out["calls"] = len(calls)
+    dtype = linears[0].weight.dtype
     for rows in spec["rows_list"]:
-        inputs = [torch.randn(rows, 1, m.in_features, dtype=m.weight.dtype) for m in linears]
+        inputs = [torch.randn(rows, 1, size, dtype=dtype) for _, size in calls.values()]
 
         def one_pass(inputs: list[torch.Tensor] = inputs) -> None:
-            for linear, x in zip(linears, inputs, strict=True):
-                base_linear(linear, x)
+            for (call, _), x in zip(calls.values(), inputs, strict=True):
+                call(x)
 
         one_pass()
         passes = []
@@ -306,7 +317,10 @@ def main(args: argparse.Namespace) -> None:
                 f"{'-' if compile_s is None else f'{compile_s:.1f}'} | {same}/{args.steps} |"
             )
         linears = floor[f"linears_ms_{rows}"]
-        print(f"| {rows} | {floor['linears']} linears alone | {linears:.2f} | - | - | - |")
+        print(
+            f"| {rows} | {floor['linears']} linears alone ({floor['calls']} calls) | "
+            f"{linears:.2f} | - | - | - |"
+        )
         floor_ms = 1000 * floor["weight_bytes"] / floor["bandwidth"]
         print(
             f"| {rows} | weights read once ({floor['weight_bytes'] / 1e6:.3g} MB at "

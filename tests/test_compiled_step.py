@@ -112,6 +112,8 @@ def test_compiled_and_eager_fixed_width_steps_decode_as_generate(cache_folder: P
     torch.testing.assert_close(compiled_logits, eager_logits, atol=ATOL, rtol=0)
     # Two buckets compiled, into the test's own folder.
     assert compiled.compile_seconds.keys() == {(4, 32), (4, 64)}
+    # After its first call, each bucket ran dynamo's code without evaluating its guards.
+    assert compiled.unguarded_buckets == {(4, 32), (4, 64)} and compiled.fallback is None
     assert compiled.cache_dir == compile_cache_dir() == cache_folder
     assert any(path.is_file() for path in cache_folder.rglob("*"))
 
@@ -124,6 +126,32 @@ def test_compiled_and_eager_fixed_width_steps_decode_as_generate(cache_folder: P
     top = ref_logits.topk(2, dim=-1).values
     if bool(((top[..., 0] - top[..., 1]) > MARGIN).all()):
         assert torch.equal(torch.stack(tokens, dim=1), ref_tokens)
+
+
+@pytest.mark.slow
+def test_a_packed_bf16_model_compiles_with_its_merged_projections(cache_folder: Path) -> None:
+    """Pre-packed bf16 linears, siblings merged (``packed.MergedLinears``), as the engine
+    serves them: the compiled step (the packed matrices as extern oneDNN calls) gives the
+    eager step's logits, within bf16's tolerance."""
+    from transformers import AutoModelForCausalLM
+
+    from art_core.engines.packed import pack_linears, packing_supported
+
+    if not packing_supported("cpu", torch.bfloat16):
+        pytest.skip("this CPU or torch build has no oneDNN bf16 linears")
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_base_model("tiny-random"), dtype=torch.bfloat16
+    ).eval()
+    assert pack_linears(model) > 0
+    steps = [CompiledDecodeStep(model, eager=True), CompiledDecodeStep(model)]
+    firsts = [step.prefill(PROMPTS) for step in steps]
+    torch.testing.assert_close(firsts[1], firsts[0], rtol=0, atol=0)  # both eager
+    tokens = firsts[0].argmax(-1)
+    for _ in range(6):
+        eager, compiled = (step.decode(tokens) for step in steps)
+        torch.testing.assert_close(compiled, eager, rtol=0.02, atol=0.02)
+        tokens = eager.argmax(-1)
+    assert steps[1].fallback is None and steps[1].unguarded_buckets == {(4, 128)}
 
 
 def test_decode_attention_is_attention_over_repeated_heads() -> None:

@@ -23,8 +23,16 @@ step whose shapes do not change as the sequence grows:
   calls run with it set to ``max_compiles`` (32).
 - **The linears.** ``packed.base_linear`` routes a pre-packed bf16 weight through the custom
   op ``art_core::packed_linear`` while dynamo traces (inductor cannot lower
-  ``mkldnn._linear_pointwise`` itself), so the compiled graph calls oneDNN on the packed
-  weight as an extern kernel; eager calls stay direct.
+  ``mkldnn._linear_pointwise`` on a packed weight that is a graph input), so the compiled
+  graph calls oneDNN on the packed weight as an extern kernel; eager calls stay direct. An
+  attention's q/k/v and an MLP's gate/up are one packed matrix each
+  (``packed.MergedLinears``): 121 oneDNN calls a step instead of 211.
+- **No guards per call.** Dynamo checks a compiled function's guards before every call:
+  every parameter, packed weight and cache buffer (~0.7-1.6 ms a step here). After a
+  bucket's first call the step runs dynamo's code for it directly (``_guarded_code``, as
+  vLLM's ``TorchCompileWrapperWithCustomDispatcher`` does), keyed on the bucket and on the
+  model's linears (their forwards and packed weights, by identity) and training flag:
+  when any of those change, the next call goes through dynamo again.
 - **Attention.** ``decode_attention``, registered with transformers' ``AttentionInterface``
   and set on the model's config for the span of each decode call only: transformers' eager
   formula with the query heads of a grouped key/value head packed together. Under dynamo,
@@ -34,9 +42,9 @@ step whose shapes do not change as the sequence grows:
   copied into the fixed-width buffers; only the one-token decode step is compiled.
 
 Measured (``bash run.sh bench compiled_decode``, AMD EPYC with AVX-512 BF16, 2 cores, bf16):
-12.9 ms a step at 1 row against 14.4 for the engine's eager step and 23.4 for
-``model.generate``; 16.6-17.4 at 8 rows against 17.8 and 28.4. The linears alone take 7.8 and
-9.8 ms of that: compiling shrinks the rest, not them.
+9.5 ms a step at 1 row against 13.3 for the engine's eager step and 23.3 for
+``model.generate`` (2.45x); 11.9-12.5 at 8 rows against 16.5 and 29.3 (2.34-2.47x). Before
+the merged siblings and the unguarded calls: 12.9 and 16.6-17.4 ms.
 
 ``eager=True`` runs the very same step function uncompiled: the fallback and the reference
 the tests hold the compiled step to (fp32 on tiny-random: the same greedy tokens, logits
@@ -76,6 +84,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -260,6 +269,12 @@ class CompiledDecodeStep:
             self.cache_dir = use_compile_cache(cache_dir, max_cache_mib)
             self._step = torch.compile(_decode_step, fullgraph=True, dynamic=False)
         self._cache: Any = None
+        self._linear_attributes = [
+            m.__dict__ for m in model.modules() if isinstance(m, torch.nn.Linear)
+        ]
+        # Per bucket, dynamo's code for the step, valid while the model is in ``_state``.
+        self._state: tuple[Any, ...] = ()
+        self._direct: dict[tuple[int, int], Callable[..., torch.Tensor] | None] = {}
         # Why the compiled step gave way to the eager one (None while it has not).
         self.fallback: str | None = None
 
@@ -267,6 +282,12 @@ class CompiledDecodeStep:
     def width(self) -> int:
         """Columns the cache holds (``min_width`` times a power of two)."""
         return int(self._mask.shape[1]) if self._cache is not None else 0
+
+    @property
+    def unguarded_buckets(self) -> set[tuple[int, int]]:
+        """The (rows, width) buckets whose compiled code runs without evaluating dynamo's
+        guards (see ``_guarded_code``), for the model's linears as they are now."""
+        return {key for key, direct in self._direct.items() if direct is not None}
 
     @torch.inference_mode()
     def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -350,19 +371,39 @@ class CompiledDecodeStep:
             self._mask,
             self._length,
         )
+        if self._step is _decode_step:
+            return _decode_step(*args)
+        # A bucket met before, the model's linears as they were: dynamo's code for it, called
+        # without evaluating its guards again (see ``_guarded_code``).
+        state = self._model_state()
+        if not _same_objects(state, self._state):
+            self._state, self._direct = state, {}
+        key = (int(self._ids.shape[0]), self.width)
+        direct = self._direct.get(key)
+        if direct is not None:
+            return direct(*args)
         try:
-            if self._step is _decode_step:
-                return self._step(*args)
             with torch._dynamo.config.patch(recompile_limit=self.max_compiles):
-                return self._step(*args)
+                logits = self._step(*args)
         except _compile_errors() as exc:
             # Raised while tracing or compiling, before the graph ran: nothing was written.
-            if self._step is _decode_step:
-                raise
             logger.warning("compiled decode step unavailable, running it eagerly: %s", exc)
             self.fallback = f"{type(exc).__name__}: {exc}"[:500]
             self._step = _decode_step
-            return self._step(*args)
+            return _decode_step(*args)
+        if key not in self._direct:
+            self._direct[key] = _guarded_code(args)
+        return logits
+
+    def _model_state(self) -> tuple[Any, ...]:
+        """What dynamo's guards on the model can see change between two steps of one bucket:
+        each linear's own forward (an adapter's, or the packed one) and packed weight, and
+        whether the model is in training mode."""
+        state: list[Any] = [self.model.training]
+        for attributes in self._linear_attributes:
+            state.append(attributes.get("forward"))
+            state.append(attributes.get("_art_packed"))
+        return tuple(state)
 
     def _widen(self) -> None:
         """Move the cache to the next width bucket (a compilation if that bucket is new)."""
@@ -442,6 +483,35 @@ def decode_attention(
     weights = torch.softmax(scores, dim=-1).to(value.dtype)
     out = torch.matmul(weights, value)
     return out.reshape(rows, heads, new, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def _guarded_code(args: tuple[Any, ...]) -> Callable[..., torch.Tensor] | None:
+    """The code dynamo compiled for ``_decode_step`` whose guards pass for ``args``, as a
+    function that runs it without evaluating them; None if there is none (or this torch
+    does not show its cache entries).
+
+    Evaluating a compiled function's guards costs ~0.7-1.6 ms a call for a model's step (every
+    parameter, packed weight and cache buffer is checked; SmolLM2-135M: ~10% of a step on 2
+    cores), and they can only fail here when a bucket's shapes or the model's linears change,
+    which the caller keys the function on. vLLM dispatches to dynamo's code the same way
+    (``TorchCompileWrapperWithCustomDispatcher``). Tensor values are not guarded, so checking
+    after the call that compiled or chose the code is checking for the next one.
+    """
+    code = _decode_step.__code__
+    names = code.co_varnames[: code.co_argcount]
+    try:
+        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        for entry in _debug_get_cache_entry_list(code):
+            if entry.guard_manager.check(dict(zip(names, args, strict=True))):
+                return types.FunctionType(entry.code, _decode_step.__globals__, code.co_name)
+    except (ImportError, AttributeError, TypeError, RuntimeError) as exc:
+        logger.info("compiled decode step: guards evaluated on every call (%s)", exc)
+    return None
+
+
+def _same_objects(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _compile_errors() -> tuple[type[BaseException], ...]:
