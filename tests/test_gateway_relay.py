@@ -13,6 +13,8 @@ import pytest
 
 from art_core.gateway.relay import TokenInbox, TokenRelay
 
+Listener = Callable[[int, list[int]], None]  # the engine's callback: (choice, token ids)
+
 
 @pytest.fixture
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
@@ -41,19 +43,30 @@ def on_engine_thread(work: Callable[[], None]) -> None:
     thread.join()
 
 
-def put_tokens(callbacks: list[Callable[[int, list[int]], None]], tokens: range) -> None:
+def put_tokens(callbacks: list[Listener], tokens: range) -> None:
     for token in tokens:
         for choice, on_tokens in enumerate(callbacks):
             on_tokens(choice, [token])
 
 
-def test_tokens_wait_in_the_relay_until_a_stream_collects_them(
+@pytest.fixture
+def two_streams(
     loop: asyncio.AbstractEventLoop,
-) -> None:
+) -> tuple[TokenRelay, list[int], list[TokenInbox], list[Listener]]:
+    """A relay on ``loop`` (its wake-ups counted), two streams' inboxes and the engine's
+    callbacks for them (calls 0 and 1)."""
     relay = TokenRelay(loop)
     wakes = counting_wakes(relay)
     inboxes = [TokenInbox(), TokenInbox()]
     callbacks = [relay.listener(inbox, call=i) for i, inbox in enumerate(inboxes)]
+    return relay, wakes, inboxes, callbacks
+
+
+def test_tokens_wait_in_the_relay_until_a_stream_collects_them(
+    loop: asyncio.AbstractEventLoop,
+    two_streams: tuple[TokenRelay, list[int], list[TokenInbox], list[Listener]],
+) -> None:
+    relay, wakes, inboxes, callbacks = two_streams
     on_engine_thread(lambda: put_tokens(callbacks, range(100)))
     loop.run_until_complete(asyncio.sleep(0))
     assert wakes == [] and all(inbox.take() == [] for inbox in inboxes)  # nobody waited
@@ -66,11 +79,9 @@ def test_tokens_wait_in_the_relay_until_a_stream_collects_them(
 
 def test_a_waiting_stream_is_woken_once_for_every_token_sampled_until_the_loop_runs(
     loop: asyncio.AbstractEventLoop,
+    two_streams: tuple[TokenRelay, list[int], list[TokenInbox], list[Listener]],
 ) -> None:
-    relay = TokenRelay(loop)
-    wakes = counting_wakes(relay)
-    inboxes = [TokenInbox(), TokenInbox()]
-    callbacks = [relay.listener(inbox, call=i) for i, inbox in enumerate(inboxes)]
+    relay, wakes, inboxes, callbacks = two_streams
     waiting = loop.create_task(relay.wait(inboxes[0]))
     loop.run_until_complete(asyncio.sleep(0))  # the stream now waits
     assert not waiting.done()

@@ -11,6 +11,7 @@ no clean-up of tokenization spaces), the Rust tokenizer is called directly; anyt
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -38,12 +39,20 @@ def decode_ids(tokenizer: Any, ids: Sequence[int], *, skip_special_tokens: bool 
 
 
 def _decodes_directly(tokenizer: Any) -> bool:
+    cls: type = type(tokenizer)
+    return _class_decodes_directly(cls) and not getattr(
+        tokenizer, "clean_up_tokenization_spaces", False
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _class_decodes_directly(cls: type) -> bool:
+    """Whether ``cls`` decodes with the fast backend's own ``decode`` and ``_decode``: decided
+    once per class (it is asked at every decoded batch, stream write and stop-string row)."""
     backend = getattr(sys.modules.get(_BACKEND_MODULE), "TokenizersBackend", None)
-    cls = type(tokenizer)
     return (
         backend is not None
-        and isinstance(tokenizer, backend)
-        and cls._decode is backend._decode
-        and cls.decode is backend.decode
-        and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        and issubclass(cls, backend)
+        and cls._decode is backend._decode  # type: ignore[attr-defined]
+        and cls.decode is backend.decode  # type: ignore[attr-defined]
     )

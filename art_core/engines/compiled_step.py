@@ -42,9 +42,9 @@ step whose shapes do not change as the sequence grows:
   copied into the fixed-width buffers; only the one-token decode step is compiled.
 
 Measured (``bash run.sh bench compiled_decode``, AMD EPYC with AVX-512 BF16, 2 cores, bf16):
-9.5 ms a step at 1 row against 13.3 for the engine's eager step and 23.3 for
-``model.generate`` (2.45x); 11.9-12.5 at 8 rows against 16.5 and 29.3 (2.34-2.47x). Before
-the merged siblings and the unguarded calls: 12.9 and 16.6-17.4 ms.
+9.3-9.9 ms a step at 1 row against 13.3 for the engine's eager step and 23.3-23.7 for
+``model.generate`` (2.4-2.5x); 11.9-12.9 at 8 rows against 16.2-16.5 and 24.8-29.3
+(1.9-2.5x). Before the merged siblings and the unguarded calls: 12.9 and 16.6-17.4 ms.
 
 ``eager=True`` runs the very same step function uncompiled: the fallback and the reference
 the tests hold the compiled step to (fp32 on tiny-random: the same greedy tokens, logits

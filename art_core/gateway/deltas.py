@@ -13,6 +13,7 @@ recorded answer adds to them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -122,9 +123,7 @@ async def sampled_deltas(
 
     for task in tasks:
         task.add_done_callback(finished)
-    if pacing is not None:
-        pacing.open += 1
-    try:
+    with pacing.stream() if pacing is not None else contextlib.nullcontext():
         sampled: dict[tuple[int, int], list[int]] = {}
         while True:
             relay.collect()
@@ -149,9 +148,6 @@ async def sampled_deltas(
                 yield deltas
                 if pacing is not None:
                     await inbox.pause(written + pacing.interval())
-    finally:
-        if pacing is not None:
-            pacing.open -= 1
     failures = [task.exception() for task in tasks]
     yield Recorded(
         [

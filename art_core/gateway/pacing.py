@@ -11,7 +11,9 @@ as soon as it is recorded; only what comes between is paced.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 # 20 ms is under what a reader of streamed text notices, and still one write per token for
 # a model decoding fewer than 50 tokens a second. vLLM and SGLang bound the same thing in
@@ -54,3 +56,21 @@ class StreamPacing:
     def interval(self) -> float:
         """Seconds a stream waits after a write before the next, with ``open`` streams."""
         return max(self.interval_s, self.open / self.max_writes_per_s)
+
+    @contextlib.contextmanager
+    def stream(self) -> Iterator[None]:
+        """One stream counted in ``open`` for the span of the ``with`` block.
+
+        Example:
+            >>> pacing = StreamPacing()
+            >>> with pacing.stream():
+            ...     pacing.open
+            1
+            >>> pacing.open
+            0
+        """
+        self.open += 1
+        try:
+            yield
+        finally:
+            self.open -= 1
