@@ -25,6 +25,7 @@ from art_core.embedded import resolve_base_model
 from art_core.engines.compiled_step import (
     CompiledDecodeStep,
     compile_cache_dir,
+    compiled_variants,
     decode_attention,
     prune_cache,
     use_compile_cache,
@@ -229,3 +230,65 @@ def test_adapters_stay_inputs_and_a_step_past_the_recompile_limit_runs_eagerly(
     swapped = logits(compiled)
     assert compiled.fallback is not None and "recompile" in compiled.fallback.lower()
     torch.testing.assert_close(swapped, logits(eager), atol=ATOL, rtol=0)
+
+
+@pytest.mark.slow
+def test_an_adapter_of_the_same_targets_and_ranks_is_served_by_the_same_graph(
+    cache_folder: Path,
+) -> None:
+    """``use_adapter`` copies an adapter's factors into buffers the step keeps: the next
+    adapter (the next checkpoint of a run) is served by the graph already compiled, without
+    a trace or a guard, with its own logits; the base model and back again trace nothing
+    new after their first time. Shapes that do not fit are refused before anything changes."""
+    model = sharp_tiny_random()
+    generator = torch.Generator().manual_seed(3)
+    targets = ["model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"]
+
+    def adapter(rank: int = 4) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        deltas = {}
+        for path in targets:
+            linear = model.get_submodule(path)
+            a_t = torch.randn(linear.in_features, rank, generator=generator) * 0.3
+            b_t = torch.randn(rank, linear.out_features, generator=generator) * 0.3
+            deltas[path] = (a_t, b_t)
+        return deltas
+
+    def logits(step: CompiledDecodeStep) -> torch.Tensor:
+        first = step.prefill(PROMPTS)
+        second = step.decode(first.argmax(-1))
+        return torch.stack([first, second, step.decode(second.argmax(-1))])
+
+    eager = CompiledDecodeStep(model, eager=True)
+    compiled = CompiledDecodeStep(model)
+    served = {}
+    first, second = adapter(), adapter()
+    for name, deltas in (("first", first), ("second", second), ("base", None)):
+        eager.use_adapter(deltas)
+        served[name] = logits(eager)
+    assert (served["first"] - served["second"]).abs().max() > 0.1
+    assert (served["first"] - served["base"]).abs().max() > 0.1
+
+    compiled.use_adapter(first)
+    torch.testing.assert_close(logits(compiled), served["first"], atol=ATOL, rtol=0)
+    graphs = compiled_variants()
+    assert graphs >= 1 and compiled.unguarded_buckets == {(4, 128)}
+    compiled.use_adapter(second)  # the next checkpoint: same targets, same rank
+    torch.testing.assert_close(logits(compiled), served["second"], atol=ATOL, rtol=0)
+    assert compiled_variants() == graphs and compiled.unguarded_buckets == {(4, 128)}
+    compiled.use_adapter(None)
+    torch.testing.assert_close(logits(compiled), served["base"], atol=ATOL, rtol=0)
+    graphs = compiled_variants()  # the base model's graph, traced once
+    compiled.use_adapter(first)
+    torch.testing.assert_close(logits(compiled), served["first"], atol=ATOL, rtol=0)
+    compiled.use_adapter(None)
+    torch.testing.assert_close(logits(compiled), served["base"], atol=ATOL, rtol=0)
+    assert compiled_variants() == graphs and compiled.fallback is None
+
+    wrong = adapter()
+    path = targets[1]
+    wrong[path] = (wrong[path][0], wrong[path][1][:, :-1])
+    with pytest.raises(ValueError, match="down_proj"):
+        compiled.use_adapter(wrong)
+    with pytest.raises(ValueError, match="no module"):
+        compiled.use_adapter({"model.nowhere": first[targets[0]]})
+    torch.testing.assert_close(logits(compiled), served["base"], atol=ATOL, rtol=0)  # unchanged

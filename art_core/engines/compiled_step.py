@@ -66,32 +66,36 @@ both). The test suite compiles: ``tests/test_compiled_step.py`` (marked ``slow``
 tiny-random, into each test's own temporary folder.
 
 **LoRA adapters.** Nothing is frozen into the graph (no ``inductor.config.freezing``): base
-weights, packed weights and adapter factors are graph inputs, read at every call. Adapter
-factors updated in place are served by the same graph, with their new values. A new forward
+weights, packed weights and adapter factors are graph inputs, read at every call. A new forward
 on a linear, which is what ``engines/lora.py`` installs for every adapter it applies (a
 ``functools.partial`` over that adapter's tensors), fails dynamo's guards and is traced again
-(inductor's graph cache may still hit); removing it finds the base graph again. Past
-``max_compiles`` graphs a step runs eagerly. So adapters swapped per batch, as the
-engine swaps them, would need their factors passed to the step as inputs of fixed shapes (a
-stack per layer, a row-to-adapter index), not as per-adapter forwards. The engine does not use
-this module yet: ``TransformersEngine`` still decodes eagerly (its running batch adds and
-drops rows, joins prefixes and switches adapters per batch); this module and
-``benchmarks/compiled_decode.py`` measure what a compiled step buys before it is wired in.
+(inductor's graph cache may still hit); past ``max_compiles`` graphs a step runs eagerly.
+``use_adapter`` avoids that: it copies an adapter's factors into buffers the step keeps per
+adapted linear, behind forwards made once, so the next adapter of the same targets and ranks
+(the next checkpoint of a training run) is served by the same graph, called directly; the
+base model and back cost one guarded call each. Rows of several adapters in one batch (what
+the engine's running batch does while a new checkpoint arrives) would need a stack of factors
+per layer and a row-to-adapter index: not built. The engine does not use this module yet:
+``TransformersEngine`` still decodes eagerly (its running batch adds and drops rows, joins
+prefixes and switches adapters per batch); this module and ``benchmarks/compiled_decode.py``
+measure what a compiled step buys before it is wired in.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from art_core.engines.packed import register_packed_linear_op
+from art_core.engines.lora import lora_forward
+from art_core.engines.packed import register_packed_linear_op, restore_forward
 from art_core.files import cache_dir as art_core_cache_dir
 
 logger = logging.getLogger(__name__)
@@ -275,6 +279,10 @@ class CompiledDecodeStep:
         # Per bucket, dynamo's code for the step, valid while the model is in ``_state``.
         self._state: tuple[Any, ...] = ()
         self._direct: dict[tuple[int, int], Callable[..., torch.Tensor] | None] = {}
+        # Per adapted linear (module path): its LoRA factor buffers and the forward reading
+        # them, kept across adapters (``use_adapter``); and the paths served now.
+        self._adapter_buffers: dict[str, tuple[torch.Tensor, torch.Tensor, Any]] = {}
+        self._adapted: set[str] = set()
         # Why the compiled step gave way to the eager one (None while it has not).
         self.fallback: str | None = None
 
@@ -288,6 +296,54 @@ class CompiledDecodeStep:
         """The (rows, width) buckets whose compiled code runs without evaluating dynamo's
         guards (see ``_guarded_code``), for the model's linears as they are now."""
         return {key for key, direct in self._direct.items() if direct is not None}
+
+    def use_adapter(self, deltas: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+        """Serve a LoRA adapter from the next call on: ``deltas`` maps a linear's module path
+        to ``(A.T, (scale * B).T)``, fp32, as ``lora.LoraServer`` holds them (``None``: the
+        base model).
+
+        The factors are copied into buffers the step keeps per adapted linear, and each
+        adapted linear's forward (``lora.lora_forward`` over its buffers) is made once and
+        kept: another adapter of the same targets and ranks, the next checkpoint of a run
+        say, is served by the same compiled graph (read in place: no trace, no compile, no
+        guard evaluated). New targets or ranks trace once more. Everything is checked before
+        anything changes; while an adapter is in use the step owns those linears' forwards.
+        """
+        deltas = dict(deltas or {})
+        for path, (a_t, scaled_b_t) in deltas.items():
+            try:
+                linear = self.model.get_submodule(path)
+            except AttributeError as exc:
+                raise ValueError(f"the model has no module {path}") from exc
+            if not isinstance(linear, torch.nn.Linear):
+                raise ValueError(f"{path} is a {type(linear).__name__}, not nn.Linear")
+            rank = a_t.shape[-1]
+            expected = ((linear.in_features, rank), (rank, linear.out_features))
+            if a_t.dim() != 2 or (tuple(a_t.shape), tuple(scaled_b_t.shape)) != expected:
+                raise ValueError(
+                    f"{path}: A.T {tuple(a_t.shape)} / (scale * B).T {tuple(scaled_b_t.shape)} "
+                    f"do not fit its weight ({linear.out_features}, {linear.in_features})"
+                )
+        for path in self._adapted - deltas.keys():
+            restore_forward(self.model.get_submodule(path))
+        for path, (a_t, scaled_b_t) in deltas.items():
+            linear = self.model.get_submodule(path)
+            held = self._adapter_buffers.get(path)
+            if held is None or held[0].shape != a_t.shape:
+                a_buffer = torch.empty_like(a_t, dtype=torch.float32, device=linear.weight.device)
+                b_buffer = torch.empty_like(
+                    scaled_b_t, dtype=torch.float32, device=linear.weight.device
+                )
+                held = (
+                    a_buffer,
+                    b_buffer,
+                    functools.partial(lora_forward, linear, a_buffer, b_buffer),
+                )
+                self._adapter_buffers[path] = held
+            held[0].copy_(a_t)
+            held[1].copy_(scaled_b_t)
+            linear.forward = held[2]
+        self._adapted = set(deltas)
 
     @torch.inference_mode()
     def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -508,6 +564,22 @@ def _guarded_code(args: tuple[Any, ...]) -> Callable[..., torch.Tensor] | None:
     except (ImportError, AttributeError, TypeError, RuntimeError) as exc:
         logger.info("compiled decode step: guards evaluated on every call (%s)", exc)
     return None
+
+
+def compiled_variants() -> int:
+    """How many graphs of the decode step dynamo holds in this process (every bucket, model
+    and set of linears' forwards it was traced for); 0 where this torch does not show them.
+
+    Example:
+        >>> compiled_variants() >= 0
+        True
+    """
+    try:
+        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        return len(_debug_get_cache_entry_list(_decode_step.__code__))
+    except (ImportError, AttributeError, TypeError, RuntimeError):
+        return 0
 
 
 def _same_objects(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
