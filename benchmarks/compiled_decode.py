@@ -94,6 +94,10 @@ def run_generate(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import LogitsProcessor, LogitsProcessorList
 
     model, tokenizer = load(spec, pack=False)
+    if spec.get("adapter"):
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, spec["adapter"]).eval()
     batch = prompts(tokenizer, spec["rows"])
     longest = max(len(p) for p in batch)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -139,6 +143,11 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     async def main() -> dict[str, Any]:
         engine = TransformersEngine(Path(spec["model_path"]), prefix_cache_bytes=0)
         await engine.start()
+        adapter = None
+        if spec.get("adapter"):
+            adapter = "bench"
+            # Step 1: an adapter of step 0 is the base model itself (ART's numbering).
+            await engine.load_adapter(Path(spec["adapter"]), 1, name=adapter)
         try:
             times = engine.step_times = StepTimes()
 
@@ -146,7 +155,7 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
                 times.clear()
                 params = SamplingParams(temperature=0.0, max_tokens=spec["steps"])
                 results = await asyncio.gather(
-                    *(engine.generate(GenerationRequest(list(p), params)) for p in batch)
+                    *(engine.generate(GenerationRequest(list(p), params, adapter)) for p in batch)
                 )
                 per_step = times.seconds["forward"] / max(1, times.counts["forward"])
                 return per_step, [r[0].token_ids for r in results]
@@ -172,6 +181,13 @@ def run_fixed_width(spec: dict[str, Any], eager: bool) -> dict[str, Any]:
     built = time.perf_counter()
     width = spec.get("min_width") or MIN_WIDTH
     step = CompiledDecodeStep(model, pad_id=pad, eager=eager, cache_dir=cache, min_width=width)
+    if spec.get("adapter"):
+        from art_core.engines.lora import read_adapter
+
+        deltas = read_adapter(Path(spec["adapter"])).deltas
+        step.use_adapter(
+            {k: (a.t().contiguous(), b.t().contiguous()) for k, (a, b) in deltas.items()}
+        )
     built = time.perf_counter() - built
 
     def once() -> tuple[float, list[list[int]]]:
@@ -278,6 +294,24 @@ def same_tokens(tokens: list[list[int]], reference: list[list[int]]) -> int:
     return steps
 
 
+def save_adapter(model_path: str, folder: Path, rank: int) -> str:
+    """A LoRA adapter of ``rank`` on every projection of the model, its B factors random
+    (peft starts them at zero: an adapter that changes nothing), seeded."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_path), config)
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.02)
+    model.save_pretrained(folder)
+    return str(folder)
+
+
 def main(args: argparse.Namespace) -> None:
     from art_core.device import serving_dtype
     from art_core.embedded import resolve_base_model
@@ -288,6 +322,8 @@ def main(args: argparse.Namespace) -> None:
     base = {"model_path": model_path, "steps": args.steps, "repeats": args.repeats}
     results: dict[tuple[int, str], dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="compiled-decode-") as folder:
+        if args.adapter_rank:
+            base["adapter"] = save_adapter(model_path, Path(folder) / "adapter", args.adapter_rank)
         for rows in levels:
             cache = str(Path(folder) / f"inductor-{rows}")  # empty: the first process compiles
             for path in PATHS:
@@ -296,7 +332,13 @@ def main(args: argparse.Namespace) -> None:
         floor = spawn({**base, "path": "floor", "rows_list": levels})
     dtype = str(serving_dtype("cpu")).removeprefix("torch.")
     print(
-        f"\n{args.base_model}, {dtype}, {args.steps} greedy decode steps, median of "
+        f"\n{args.base_model}, {dtype}, "
+        + (
+            f"a rank-{args.adapter_rank} LoRA adapter on every projection, "
+            if args.adapter_rank
+            else ""
+        )
+        + f"{args.steps} greedy decode steps, median of "
         f"{args.repeats} runs; ms per decode step"
     )
     head = ["rows", "path", "ms/step", "vs generate", "compile s", "same tokens"]
@@ -337,6 +379,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rows", default="1,8", help="batch sizes, comma-separated")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--adapter-rank",
+        type=int,
+        default=0,
+        help="serve a LoRA adapter of this rank on every projection, in every path (0: none)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny-random, 2 rows, 8 steps")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
