@@ -26,7 +26,8 @@ allocator and thread pools), with torch's threads fixed at the cores this proces
 (``ART_CORE_FOLLOW_FREE_CORES=0``); the median of ``--repeats`` runs.
 
 Usage: bash run.sh bench compiled_decode [--base-model smollm2-135m] [--rows 1,8]
-                                         [--steps 64] [--repeats 3]
+                                         [--steps 64] [--repeats 3] [--dynamic]
+                                         [--adapter-rank R]
        bash run.sh bench compiled_decode --smoke   (tiny-random, 2 rows of 8 steps, once)
 """
 
@@ -180,7 +181,14 @@ def run_fixed_width(spec: dict[str, Any], eager: bool) -> dict[str, Any]:
     cache = Path(spec["cache_dir"]) if spec.get("cache_dir") else None
     built = time.perf_counter()
     width = spec.get("min_width") or MIN_WIDTH
-    step = CompiledDecodeStep(model, pad_id=pad, eager=eager, cache_dir=cache, min_width=width)
+    step = CompiledDecodeStep(
+        model,
+        pad_id=pad,
+        eager=eager,
+        cache_dir=cache,
+        min_width=width,
+        dynamic=bool(spec.get("dynamic")),
+    )
     if spec.get("adapter"):
         from art_core.engines.lora import read_adapter
 
@@ -319,7 +327,12 @@ def main(args: argparse.Namespace) -> None:
     print(machine_line())
     model_path = str(resolve_base_model(args.base_model))
     levels = [int(x) for x in args.rows.split(",")]
-    base = {"model_path": model_path, "steps": args.steps, "repeats": args.repeats}
+    base = {
+        "model_path": model_path,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "dynamic": args.dynamic,
+    }
     results: dict[tuple[int, str], dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="compiled-decode-") as folder:
         if args.adapter_rank:
@@ -338,6 +351,7 @@ def main(args: argparse.Namespace) -> None:
             if args.adapter_rank
             else ""
         )
+        + ("dynamic shapes (one graph for every bucket), " if args.dynamic else "")
         + f"{args.steps} greedy decode steps, median of "
         f"{args.repeats} runs; ms per decode step"
     )
@@ -379,6 +393,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rows", default="1,8", help="batch sizes, comma-separated")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="compile one graph for every bucket (dynamic shapes), not one per bucket",
+    )
     parser.add_argument(
         "--adapter-rank",
         type=int,
