@@ -317,9 +317,10 @@ class CompiledDecodeStep:
         anything changes; while an adapter is in use the step owns those linears' forwards.
         """
         deltas = dict(deltas or {})
+        linears: dict[str, torch.nn.Linear] = {}
         for path, (a_t, scaled_b_t) in deltas.items():
             try:
-                linear = self.model.get_submodule(path)
+                linear = linears[path] = self.model.get_submodule(path)
             except AttributeError as exc:
                 raise ValueError(f"the model has no module {path}") from exc
             if not isinstance(linear, torch.nn.Linear):
@@ -334,7 +335,7 @@ class CompiledDecodeStep:
         for path in self._adapted - deltas.keys():
             restore_forward(self.model.get_submodule(path))
         for path, (a_t, scaled_b_t) in deltas.items():
-            linear = self.model.get_submodule(path)
+            linear = linears[path]
             held = self._adapter_buffers.get(path)
             if held is None or held[0].shape != a_t.shape:
                 a_buffer = torch.empty_like(a_t, dtype=torch.float32, device=linear.weight.device)
@@ -349,7 +350,7 @@ class CompiledDecodeStep:
                 self._adapter_buffers[path] = held
             held[0].copy_(a_t)
             held[1].copy_(scaled_b_t)
-            linear.forward = held[2]
+            linear.forward = held[2]  # type: ignore[method-assign]
         self._adapted = set(deltas)
 
     @torch.inference_mode()
@@ -563,14 +564,21 @@ def _guarded_code(args: tuple[Any, ...]) -> Callable[..., torch.Tensor] | None:
     code = _decode_step.__code__
     names = code.co_varnames[: code.co_argcount]
     try:
-        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
-
-        for entry in _debug_get_cache_entry_list(code):
+        for entry in _cache_entries():
             if entry.guard_manager.check(dict(zip(names, args, strict=True))):
                 return types.FunctionType(entry.code, _decode_step.__globals__, code.co_name)
-    except (ImportError, AttributeError, TypeError, RuntimeError) as exc:
+    except (AttributeError, TypeError, RuntimeError) as exc:
         logger.info("compiled decode step: guards evaluated on every call (%s)", exc)
     return None
+
+
+def _cache_entries() -> list[Any]:
+    """Dynamo's cache entries for ``_decode_step`` (a private torch API: [] where it is gone)."""
+    try:
+        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+    except ImportError:
+        return []
+    return list(_debug_get_cache_entry_list(_decode_step.__code__))
 
 
 def compiled_variants() -> int:
@@ -581,12 +589,7 @@ def compiled_variants() -> int:
         >>> compiled_variants() >= 0
         True
     """
-    try:
-        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
-
-        return len(_debug_get_cache_entry_list(_decode_step.__code__))
-    except (ImportError, AttributeError, TypeError, RuntimeError):
-        return 0
+    return len(_cache_entries())
 
 
 def _same_objects(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:

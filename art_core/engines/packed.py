@@ -72,18 +72,17 @@ def pack_linears(model: nn.Module, *, max_bytes: int = 2 << 30) -> int:
         return 0
     groups = _sibling_groups(model)
     grouped = {id(linear) for group in groups for linear in group}
+    alone = [linear for linear in linears if id(linear) not in grouped]
     try:
         with torch.no_grad():
             packed = [
                 torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), _BATCH_HINT)
-                for linear in linears
-                if id(linear) not in grouped
+                for linear in alone
             ]
             merged = [MergedLinears(group) for group in groups]
     except RuntimeError as exc:  # an odd layer oneDNN rejects: serve everything unpacked
         logger.warning("not pre-packing linear weights: %s", exc)
         return 0
-    alone = [linear for linear in linears if id(linear) not in grouped]
     for linear, weight in zip(alone, packed, strict=True):
         linear._art_packed = weight
         restore_forward(linear)
@@ -149,9 +148,7 @@ class MergedLinears:
         """Every sibling's output for ``x``, side by side in the last dimension (one call)."""
         if self.packed is None:
             return torch.nn.functional.linear(x, self.weight, self.bias)  # type: ignore[arg-type]
-        if torch.compiler.is_compiling():
-            return torch.ops.art_core.packed_linear(x, self.packed, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return _packed_linear(x, self.packed, self.bias)
 
 
 def _sibling_groups(model: nn.Module) -> list[list[nn.Linear]]:
@@ -189,9 +186,15 @@ def base_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     packed: Any = linear.__dict__.get("_art_packed")
     if packed is None:
         return torch.nn.functional.linear(x, linear.weight, linear.bias)
+    return _packed_linear(x, packed, linear.bias)
+
+
+def _packed_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     if torch.compiler.is_compiling():  # traced by dynamo: an op inductor keeps as a call
-        return torch.ops.art_core.packed_linear(x, packed, linear.bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")
+        return torch.ops.art_core.packed_linear(x, packed, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def register_packed_linear_op() -> None:
