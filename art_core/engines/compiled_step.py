@@ -87,7 +87,6 @@ measure what a compiled step buys before it is wired in.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
@@ -98,7 +97,7 @@ from typing import Any
 
 import torch
 
-from art_core.engines.lora import lora_forward
+from art_core.engines.lora import AdapterSlot
 from art_core.engines.packed import register_packed_linear_op, restore_forward
 from art_core.files import cache_dir as art_core_cache_dir
 
@@ -274,6 +273,10 @@ class CompiledDecodeStep:
         register_packed_linear_op()
         AttentionInterface.register(ATTENTION, decode_attention)
         self._keyword = _cache_keyword(model)
+        unsupported = fixed_width_unsupported(model)
+        if unsupported is not None:
+            raise ValueError(unsupported)
+        self._layers = len(_model_cache_layers(model))
         self._layer_class = _fixed_width_layer_class()
         self._step: Callable[..., torch.Tensor] = _decode_step
         if not eager:
@@ -288,7 +291,7 @@ class CompiledDecodeStep:
         self._direct: dict[tuple[int, int], Callable[..., torch.Tensor] | None] = {}
         # Per adapted linear (module path): its LoRA factor buffers and the forward reading
         # them, kept across adapters (``use_adapter``); and the paths served now.
-        self._adapter_buffers: dict[str, tuple[torch.Tensor, torch.Tensor, Any]] = {}
+        self._adapter_slots: dict[str, AdapterSlot] = {}
         self._adapted: set[str] = set()
         # Why the compiled step gave way to the eager one (None while it has not).
         self.fallback: str | None = None
@@ -335,22 +338,10 @@ class CompiledDecodeStep:
         for path in self._adapted - deltas.keys():
             restore_forward(self.model.get_submodule(path))
         for path, (a_t, scaled_b_t) in deltas.items():
-            linear = linears[path]
-            held = self._adapter_buffers.get(path)
-            if held is None or held[0].shape != a_t.shape:
-                a_buffer = torch.empty_like(a_t, dtype=torch.float32, device=linear.weight.device)
-                b_buffer = torch.empty_like(
-                    scaled_b_t, dtype=torch.float32, device=linear.weight.device
-                )
-                held = (
-                    a_buffer,
-                    b_buffer,
-                    functools.partial(lora_forward, linear, a_buffer, b_buffer),
-                )
-                self._adapter_buffers[path] = held
-            held[0].copy_(a_t)
-            held[1].copy_(scaled_b_t)
-            linear.forward = held[2]  # type: ignore[method-assign]
+            slot = self._adapter_slots.get(path)
+            if slot is None:
+                slot = self._adapter_slots[path] = AdapterSlot(linears[path])
+            linears[path].forward = slot.hold(a_t, scaled_b_t)  # type: ignore[method-assign]
         self._adapted = set(deltas)
 
     @torch.inference_mode()
@@ -382,26 +373,90 @@ class CompiledDecodeStep:
         )
         if any(type(layer) is not DynamicLayer for layer in cache.layers):
             raise ValueError(f"{type(self.model).__name__}'s KV cache is not one per token")
-        bucket, width = rows_bucket(rows), width_bucket(longest + 1, self.min_width)
-        self._length = torch.tensor(longest, dtype=torch.long, device=device)
-        layers = []
         prefilled: list[Any] = cache.layers  # DynamicLayers, checked above
-        for layer in prefilled:
-            keys, values = layer.keys, layer.values
+        last = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long)
+        self.adopt([(layer.keys, layer.values) for layer in prefilled], attention, last)
+        return out.logits[:, -1, :].float()
+
+    @torch.inference_mode()
+    def adopt(
+        self,
+        layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        attention: torch.Tensor,
+        last_positions: torch.Tensor,
+    ) -> None:
+        """Take over a batch computed elsewhere (the engine's prefill, or its running batch
+        after rows left or joined): each layer's keys and values ``[rows, kv_heads, columns,
+        head_dim]``, the columns each row attends to (``[rows, columns]``, nonzero: attended)
+        and each row's last position (``[rows]``: its next token is fed at the one after).
+
+        They are copied into fixed-width buffers of the batch's bucket (the columns no row
+        attends to any more, on the left, dropped); the caller's tensors are not kept.
+        """
+        if not layers or attention.dim() != 2 or attention.shape[0] == 0:
+            raise ValueError("adopt needs every layer's keys and values of at least one row")
+        rows, columns = attention.shape
+        if len(layers) != self._layers:
+            raise ValueError(f"adopt got {len(layers)} layers; the model has {self._layers}")
+        device = layers[0][0].device
+        used = attention.bool()
+        first = int(used.any(dim=0).int().argmax()) if columns else 0
+        kept = columns - first
+        bucket, width = rows_bucket(rows), width_bucket(kept + 1, self.min_width)
+        self._length = torch.tensor(kept, dtype=torch.long, device=device)
+        fixed_layers = []
+        for keys, values in layers:
+            if (
+                keys.shape[0] != rows
+                or keys.shape[2] != columns
+                or values.shape[:3] != keys.shape[:3]
+            ):
+                raise ValueError(
+                    f"keys {tuple(keys.shape)} / values {tuple(values.shape)} do not match "
+                    f"the attention's {rows} rows x {columns} columns"
+                )
             shape = (bucket, keys.shape[1], width, keys.shape[3])
-            fixed_keys, fixed_values = keys.new_zeros(shape), values.new_zeros(shape)
-            fixed_keys[:rows, :, :longest] = keys
-            fixed_values[:rows, :, :longest] = values
-            layers.append(self._layer_class(fixed_keys, fixed_values, self._length))
-        self._cache = _fixed_width_cache(layers)
+            fixed_keys = keys.new_zeros(shape)
+            fixed_values = values.new_zeros((bucket, values.shape[1], width, values.shape[3]))
+            fixed_keys[:rows, :, :kept] = keys[:, :, first:]
+            fixed_values[:rows, :, :kept] = values[:, :, first:]
+            fixed_layers.append(self._layer_class(fixed_keys, fixed_values, self._length))
+        self._cache = _fixed_width_cache(fixed_layers)
         # Which columns each row attends to; padding rows get only the columns of new tokens.
         self._mask = torch.zeros((bucket, width), dtype=torch.bool, device=device)
-        self._mask[:rows, :longest] = attention.bool().to(device)
+        self._mask[:rows, :kept] = used[:, first:]
         self._positions = torch.zeros((bucket, 1), dtype=torch.long, device=device)
-        self._positions[:rows, 0] = torch.tensor([len(p) for p in prompts])
+        self._positions[:rows, 0] = last_positions.to(device) + 1
         self._ids = torch.full((bucket, 1), self.pad_id, dtype=torch.long, device=device)
-        self.rows, self.length = rows, longest
-        return out.logits[:, -1, :].float()
+        self.rows, self.length = rows, kept
+
+    @property
+    def cache(self) -> Any:
+        """The fixed-width cache (its layers' ``keys`` and ``values`` are whole buffers,
+        ``[rows_bucket, kv_heads, width, head_dim]``: rows past ``rows`` and columns past
+        ``length`` are padding)."""
+        return self._cache
+
+    @property
+    def attention(self) -> torch.Tensor:
+        """``[rows, length]``: the columns each row attends to (a view: the next call
+        changes it)."""
+        return self._mask[: self.rows, : self.length]
+
+    def last_positions(self) -> torch.Tensor:
+        """``[rows]``: each row's position of the last token it was fed."""
+        return self._positions[: self.rows, 0] - 1
+
+    def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's keys and values in use, ``[rows, kv_heads, length, head_dim]``
+        (views of the buffers: the next call writes into them)."""
+        return [
+            (
+                layer.fixed_keys[: self.rows, :, : self.length],
+                layer.fixed_values[: self.rows, :, : self.length],
+            )
+            for layer in self._cache.layers
+        ]
 
     @torch.inference_mode()
     def decode(self, next_ids: torch.Tensor) -> torch.Tensor:
@@ -477,6 +532,42 @@ class CompiledDecodeStep:
         mask = self._mask.new_zeros((self._mask.shape[0], width))
         mask[:, : self._mask.shape[1]] = self._mask
         self._mask = mask
+
+
+def warm_up(step: CompiledDecodeStep, *, token_id: int = 1, steps: int = 2) -> str | None:
+    """Compile ``step`` for a batch of one row and one of several (the graphs a running
+    batch needs: with ``dynamic=True`` these two serve every bucket) and hold each to the
+    same step run eagerly on the same probe prompts; returns why the compiled step must not
+    serve (it failed to compile, or its logits differ from the eager step's by more than
+    the model dtype's tolerance), None when it may.
+
+    The tolerance is relative to the largest logit: 1e-3 in fp32, 5e-2 in bf16 and fp16
+    (inductor fuses and orders the step's arithmetic differently; a wrong attention formula
+    is off by far more).
+
+    Example:
+        >>> warm_up(CompiledDecodeStep(model))  # too slow for a docstring: compiles two graphs  # doctest: +SKIP
+    """
+    reference = CompiledDecodeStep(
+        step.model, pad_id=step.pad_id, eager=True, min_width=step.min_width
+    )
+    low_precision = next(step.model.parameters()).dtype in (torch.bfloat16, torch.float16)
+    tolerance = 5e-2 if low_precision else 1e-3
+    for prompts in ([[token_id] * 3], [[token_id] * 3, [token_id] * 5]):
+        ours, theirs = step.prefill(prompts), reference.prefill(prompts)
+        for _ in range(steps):
+            next_ids = theirs.argmax(-1)
+            ours, theirs = step.decode(next_ids), reference.decode(next_ids)
+            if step.fallback is not None:
+                return f"the step did not compile: {step.fallback}"
+            scale = float(theirs.abs().max().clamp_min(1e-6))
+            error = float((ours - theirs).abs().max()) / scale
+            if not error <= tolerance:  # a NaN fails too
+                return (
+                    f"the compiled step's logits differ from the eager step's by {error:.2g} "
+                    f"of the largest (tolerance {tolerance:g})"
+                )
+    return None
 
 
 def _decode_step(
@@ -602,6 +693,51 @@ def _compile_errors() -> tuple[type[BaseException], ...]:
     from torch._dynamo import exc
 
     return (exc.TorchDynamoException, exc.FailOnRecompileLimitHit)
+
+
+def fixed_width_unsupported(model: Any) -> str | None:
+    """Why ``model`` cannot decode over a fixed-width cache (None: it can): its KV cache
+    must be one plain per-token tensor pair per layer (no sliding windows, no recurrent
+    state), and its attention must be the plain softmax ``decode_attention`` computes (no
+    logit soft-capping, no attention sinks).
+
+    Example:
+        >>> from transformers import AutoModelForCausalLM
+        >>> from art_core.embedded import resolve_base_model
+        >>> fixed_width_unsupported(AutoModelForCausalLM.from_pretrained(resolve_base_model("tiny-random"))) is None
+        True
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    name = type(model).__name__
+    layers = _model_cache_layers(model)
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        return f"{name}'s KV cache is not one plain tensor pair per token and layer"
+    config = model.config.get_text_config()
+    for attribute in ("attn_logit_softcapping", "sliding_window", "use_sliding_window"):
+        value = getattr(config, attribute, None)
+        if value and not (attribute == "sliding_window" and not _uses_sliding_window(config)):
+            return f"{name} sets {attribute}={value!r}, which the fixed-width attention omits"
+    for module in model.modules():
+        if hasattr(module, "sinks"):
+            return f"{name} has attention sinks, which the fixed-width attention omits"
+    return None
+
+
+def _uses_sliding_window(config: Any) -> bool:
+    """Whether a config that names a sliding window applies it (Qwen2 names one, off)."""
+    if getattr(config, "use_sliding_window", None) is False:
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return any("sliding" in str(kind) for kind in layer_types)
+    return True
+
+
+def _model_cache_layers(model: Any) -> list[Any]:
+    from transformers import DynamicCache
+
+    return list(DynamicCache(config=model.config).layers)
 
 
 def _fixed_width_cache(layers: list[Any]) -> Any:

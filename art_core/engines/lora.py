@@ -82,12 +82,56 @@ def lora_forward_rows(
     return out
 
 
+class AdapterSlot:
+    """One linear's LoRA forward over fp32 factor buffers that outlive the adapter in them.
+
+    ``hold`` copies an adapter's ``(A.T, (scale * B).T)`` into the buffers and returns the
+    forward reading them, the same object for every adapter of the same rank: a compiled
+    decode step (``compiled_step.py``), which guards on a linear's forward and reads its
+    tensors as graph inputs, serves the next checkpoint of a run with the graph it has,
+    instead of tracing it again. The copy is two small tensors per linear (rank x width).
+    The buffers are plain tensors (not inference tensors), so they can be refilled in and
+    out of ``torch.inference_mode``.
+
+    Example:
+        >>> slot = AdapterSlot(nn.Linear(4, 3, bias=False))
+        >>> first = slot.hold(torch.zeros(4, 2), torch.zeros(2, 3))
+        >>> slot.hold(torch.ones(4, 2), torch.ones(2, 3)) is first
+        True
+        >>> slot.hold(torch.ones(4, 1), torch.ones(1, 3)) is first  # another rank
+        False
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        self.linear = linear
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._forward: functools.partial[torch.Tensor] | None = None
+
+    def hold(self, a_t: torch.Tensor, scaled_b_t: torch.Tensor) -> functools.partial[torch.Tensor]:
+        """Copy the factors in; the forward computing ``linear(x) + x @ A.T @ (scale*B).T``."""
+        device = self.linear.weight.device
+        with torch.inference_mode(False), torch.no_grad():
+            held = self._buffers
+            if held is None or held[0].shape != a_t.shape or held[1].shape != scaled_b_t.shape:
+                held = (
+                    torch.empty(a_t.shape, dtype=torch.float32, device=device),
+                    torch.empty(scaled_b_t.shape, dtype=torch.float32, device=device),
+                )
+                self._buffers = held
+                self._forward = functools.partial(lora_forward, self.linear, *held)
+            held[0].copy_(a_t)
+            held[1].copy_(scaled_b_t)
+        assert self._forward is not None
+        return self._forward
+
+
 class _Adapted:
     """One linear layer of the model and the LoRA deltas loaded for it, by adapter name."""
 
     def __init__(self, linear: nn.Linear) -> None:
         self.linear = linear
         self.deltas: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name: (A.T, sB.T)
+        self.slot = AdapterSlot(linear)
 
     def apply(self, name: str | None) -> None:
         """Make the layer compute with adapter ``name``, or as plain ``nn.Linear``."""
@@ -97,7 +141,7 @@ class _Adapted:
         else:
             # An instance attribute shadows the class's forward; the module tree, parameter
             # names and ``lm_head.weight``-style accesses all stay as they were.
-            self.linear.forward = functools.partial(lora_forward, self.linear, *delta)  # type: ignore[method-assign]
+            self.linear.forward = self.slot.hold(*delta)  # type: ignore[method-assign]
 
     def apply_rows(self, rows_by_name: dict[str, torch.Tensor]) -> None:
         """Make the layer add each adapter's update to its own rows of the batch."""

@@ -37,6 +37,7 @@ from art_core.engines.base import (
     ServesAdapters,
     check_request,
 )
+from art_core.engines.compiled_step import CompiledDecodeStep, fixed_width_unsupported, warm_up
 from art_core.engines.lora import LoraServer, UnsupportedAdapter
 from art_core.engines.packed import pack_linears, packing_supported
 from art_core.engines.prefix_cache import PrefixCache, default_prefix_cache_bytes
@@ -107,6 +108,14 @@ class TransformersEngine(ServesAdapters):
     ``prefix_cache_bytes``: the bound of the prefix cache (``prefix_cache.py``: a prefix
     computed once is not prefilled again, within a batch or across calls); None for a
     default from free memory, 0 for none.
+    ``compile_decode``: decode steps run compiled (``torch.compile``, ``compiled_step.py``)
+    over a fixed-width copy of the running batch's cache; default False (eager). The graphs
+    are compiled at load and held to the eager step there (``warm_up``): SmolLM2-135M on 2
+    CPU cores, about a minute with an empty compile cache, ~20 s from it. A model the step
+    does not fit (sliding windows, soft-capped attention: ``fixed_width_unsupported``), a
+    step that fails to compile or disagrees with the eager one, leaves the engine eager,
+    saying why in ``compiled_decode_off``. Batches whose rows use several adapters at once,
+    and adapters served by peft, decode eagerly.
 
     Example:
         >>> from art_core.embedded import resolve_base_model
@@ -130,12 +139,19 @@ class TransformersEngine(ServesAdapters):
         worker: ThreadPoolExecutor | None = None,
         chat: ChatTokenizer | None = None,
         prefix_cache_bytes: int | None = None,
+        compile_decode: bool = False,
     ) -> None:
         if prefix_cache_bytes is not None and prefix_cache_bytes < 0:
             raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
         self.model_path = Path(model_path)
         self._prefix_cache_bytes = prefix_cache_bytes
         self.prefix_cache: PrefixCache | None = None
+        self.compile_decode = compile_decode
+        # The compiled decode step (None: eager), why it is off when asked for, and how many
+        # decode steps (of a batch) it ran.
+        self._compiled_decode: CompiledDecodeStep | None = None
+        self.compiled_decode_off: str | None = None
+        self.compiled_steps = 0
         # Each adapter load gets its own serial: the prefix cache's namespace, so a reloaded
         # name never reads the KV its previous weights computed.
         self._adapter_serials: dict[str, int] = {}
@@ -213,6 +229,40 @@ class TransformersEngine(ServesAdapters):
         self._eos_ids = chat.eos_token_ids
         self._pad_id = chat.pad_token_id
         self.prefix_cache = self._new_prefix_cache(model)
+        if self.compile_decode:
+            self._compiled_decode = self._compiled_step(model)
+
+    def _compiled_step(self, model: Any) -> CompiledDecodeStep | None:
+        """The compiled decode step, compiled now and held to the eager step; None (and
+        ``compiled_decode_off`` says why) when it cannot serve this model."""
+        reason = fixed_width_unsupported(model)
+        step = None
+        if reason is None:
+            step = CompiledDecodeStep(model, pad_id=self._pad_id, dynamic=True)
+            started = time.perf_counter()
+            reason = warm_up(step, token_id=self._pad_id)
+            logger.info("compiled decode step ready in %.1f s", time.perf_counter() - started)
+        if reason is not None:
+            logger.warning("decode steps run eagerly: %s", reason)
+            self.compiled_decode_off = reason
+            return None
+        return step
+
+    def _compiled_for(self, rows: list[_Row]) -> CompiledDecodeStep | None:
+        """The compiled step, where it serves this batch's next step: our LoRA layers
+        (not peft's), one adapter (or none) for every row, and it has not fallen back."""
+        step = self._compiled_decode
+        if step is None or self._lora is None or step.fallback is not None:
+            return None
+        first = self._served_name(rows[0].pending.adapter)
+        if any(self._served_name(row.pending.adapter) != first for row in rows):
+            return None
+        return step
+
+    @staticmethod
+    def _served_name(adapter: AdapterInfo | None) -> str | None:
+        """The LoRA a row runs with (None: the base model; an adapter of step 0 is it)."""
+        return None if adapter is None or adapter.step == 0 else adapter.name
 
     def _new_prefix_cache(self, model: Any) -> PrefixCache | None:
         """The prefix cache, where this model's KV cache is one plain tensor per layer."""
@@ -288,7 +338,8 @@ class TransformersEngine(ServesAdapters):
         return set(self._eos_ids)
 
     def metrics(self, prefix: str = "") -> dict[str, float]:
-        """Prefill counters and the prefix cache's figures (hit rate, bytes, evictions).
+        """Prefill counters, the prefix cache's figures (hit rate, bytes, evictions) and,
+        with ``compile_decode``, the decode steps the compiled step ran.
 
         Example:
             >>> from art_core.embedded import resolve_base_model
@@ -304,6 +355,8 @@ class TransformersEngine(ServesAdapters):
             prefix + "prefill/tokens_asked": float(self.prefill_tokens_asked),
             prefix + "prefill/tokens_computed": float(self.prefill_tokens_computed),
         }
+        if self.compile_decode:
+            out[prefix + "decode/compiled_steps"] = float(self.compiled_steps)
         if self.prefix_cache is not None:
             out.update(self.prefix_cache.metrics(prefix + "prefix_cache/"))
         return out
@@ -724,7 +777,7 @@ class TransformersEngine(ServesAdapters):
 
     def _use_adapters(self, adapters: list[AdapterInfo | None]) -> None:
         if self._lora is not None:
-            self._lora.use_rows([None if a is None or a.step == 0 else a.name for a in adapters])
+            self._lora.use_rows([self._served_name(a) for a in adapters])
 
     # ----------------------------------------------------------------------------- prefill
     def _prefill(self, rows: list[_Row]) -> _BatchState:
@@ -949,8 +1002,7 @@ class TransformersEngine(ServesAdapters):
             state.select(keep)
             stepped = clock()
             if keep:
-                self._use_rows(state.rows)
-                state.step(self.model, next_ids[keep], self._cache_keyword)
+                self._step(state, next_ids[keep])
             joining = clock()
             new_rows: list[_Row] = []
             while not new_rows and not self._paused:
@@ -970,6 +1022,16 @@ class TransformersEngine(ServesAdapters):
                     times.add("join", clock() - joining)
             if not new_rows and not keep:
                 return
+
+    def _step(self, state: _BatchState, next_ids: torch.Tensor) -> None:
+        """Feed the batch's rows their tokens: compiled where it serves the batch."""
+        self._use_rows(state.rows)
+        compiled = self._compiled_for(state.rows)
+        if compiled is not None:
+            state.step_compiled(compiled, next_ids)
+            self.compiled_steps += 1
+        else:
+            state.step(self.model, next_ids, self._cache_keyword)
 
     def _step_clock(self) -> Callable[[], float]:
         """The clock of ``step_times``: on a GPU it waits for the device first (only while
@@ -1070,7 +1132,14 @@ class TransformersEngine(ServesAdapters):
 
 
 class _BatchState:
-    """The running batch: its rows, KV cache, attention mask, positions and next logits."""
+    """The running batch: its rows, KV cache, attention mask, positions and next logits.
+
+    Stepped eagerly, its cache is a growing buffer per layer (``_GrowingLayer``). Stepped by
+    the compiled step (``step_compiled``), the step's fixed-width buffers hold it instead
+    (copied in once, the growing layers emptied) and ``cache``, ``attention`` and
+    ``positions`` are views of them, until rows join or an eager step needs the growing
+    layers back (``release``). Rows leaving are dropped in the fixed-width buffers.
+    """
 
     def __init__(
         self,
@@ -1091,12 +1160,59 @@ class _BatchState:
             if type(layer) is DynamicLayer:  # not sliding-window or other special layers
                 assert layer.keys is not None and layer.values is not None
                 cache.layers[index] = _GrowingLayer(layer.keys, layer.values)
+        # The compiled step holding this batch's cache now, and the cache it took it from.
+        self.compiled: CompiledDecodeStep | None = None
+        self._eager_cache = cache
+
+    def step_compiled(self, step: CompiledDecodeStep, next_ids: torch.Tensor) -> None:
+        """``step`` through the compiled step, which holds the batch's cache from the first
+        such step on (see the class)."""
+        if self.compiled is not step:
+            self.release()
+            layers = self.cache.layers
+            if not all(isinstance(layer, _GrowingLayer) for layer in layers):
+                raise EngineError("the compiled decode step needs a plain per-token cache")
+            step.adopt([layer.kv() for layer in layers], self.attention, self.positions)
+            for layer in layers:
+                layer.drop()
+            self.compiled = step
+        self.logits = step.decode(next_ids.to(self.attention.device))
+        self._follow(step)
+
+    def _follow(self, step: CompiledDecodeStep) -> None:
+        self.cache, self.attention, self.positions = (
+            step.cache,
+            step.attention,
+            step.last_positions(),
+        )
+
+    def release(self) -> None:
+        """Take the cache back from the compiled step into the growing layers."""
+        step = self.compiled
+        if step is None:
+            return
+        for layer, (keys, values) in zip(self._eager_cache.layers, step.kv(), strict=True):
+            layer.adopt(keys, values)
+        self.cache, self.attention = self._eager_cache, step.attention.long()
+        self.positions = step.last_positions()
+        self.compiled = None
 
     def select(self, keep: list[int]) -> None:
         """Drop finished rows from the batch and from its cache."""
         if len(keep) == len(self.rows):
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.attention.device)
+        step = self.compiled
+        if step is not None:  # the rows kept, into the step's buffers again
+            self.rows = [self.rows[j] for j in keep]
+            if not keep:  # the batch ends here, or new rows replace it
+                self.compiled = None
+                self.attention, self.positions = self.attention[:0], self.positions[:0]
+                return
+            kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in step.kv()]
+            step.adopt(kv, step.attention.index_select(0, index), self.positions[index])
+            self._follow(step)
+            return
         if keep:
             self.cache.batch_select_indices(index)
         self.rows = [self.rows[j] for j in keep]
@@ -1123,6 +1239,7 @@ class _BatchState:
 
     def step(self, model: Any, next_ids: torch.Tensor, cache_keyword: str) -> None:
         """Feed each row its sampled token; compute the next logits."""
+        self.release()
         self.attention = torch.cat(
             [self.attention, self.attention.new_ones((len(self.rows), 1))], dim=1
         )
@@ -1138,6 +1255,8 @@ class _BatchState:
 
     def merge(self, other: _BatchState) -> _BatchState:
         """Join newly prefilled rows: left-pad the shorter cache so both end at one column."""
+        self.release()
+        other.release()
         width = max(self.attention.shape[1], other.attention.shape[1])
         for state in (self, other):
             pad = width - state.attention.shape[1]
@@ -1197,6 +1316,13 @@ class _GrowingLayer(DynamicLayer):
     def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values held (views of the buffers)."""
         return self._view()
+
+    def drop(self) -> None:
+        """Hold nothing (another holder took the keys and values: ``adopt`` them back)."""
+        self._keys = self._keys.new_empty((0, 0, 0, 0))
+        self._values = self._values.new_empty((0, 0, 0, 0))
+        self.length = 0
+        self._view()
 
     def _view(self) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self._keys[..., : self.length, :], self._values[..., : self.length, :]
