@@ -145,3 +145,27 @@ async def test_a_model_the_fixed_width_step_does_not_fit_decodes_eagerly(tmp_pat
         assert engine.metrics()["decode/compiled_steps"] == 0
     finally:
         await engine.close()
+
+
+def test_compile_decode_reaches_every_engine_the_server_starts(tmp_path: Path) -> None:
+    """``art-core serve --compile-decode``: in the settings, the backend, an engine worker's
+    command line and the worker's own arguments."""
+    import argparse
+
+    from art_core.backends.local import LocalBackend
+    from art_core.engines import worker
+    from art_core.engines.worker_engine import WorkerEngine
+    from art_core.server.cli import add_arguments, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert settings_from_args(parser.parse_args([])).compile_decode is False
+    settings = settings_from_args(parser.parse_args(["--compile-decode"]))
+    assert settings.compile_decode is True
+    assert LocalBackend(tmp_path, compile_decode=True).compile_decode is True
+    model = resolve_base_model("tiny-random")
+    command = WorkerEngine(model, log_dir=tmp_path, compile_decode=True)._command(8000)
+    assert "--compile-decode" in command
+    assert "--compile-decode" not in WorkerEngine(model, log_dir=tmp_path)._command(8000)
+    arguments = worker.parse_args(["--model", str(model), "--port", "1", "--compile-decode"])
+    assert arguments.compile_decode is True

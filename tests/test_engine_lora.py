@@ -97,6 +97,35 @@ def test_two_adapters_switch_per_forward_and_remove(base_path: Path, tmp_path: P
     assert isinstance(model.get_submodule("model.layers.0.mlp.up_proj"), torch.nn.Linear)
 
 
+def test_checkpoints_of_one_rank_are_served_by_the_same_forward(
+    base_path: Path, tmp_path: Path
+) -> None:
+    """Each adapted linear keeps one forward over its factor buffers (``AdapterSlot``): the
+    next checkpoint of the same targets and rank is copied in (what a compiled decode step
+    needs to reuse its graph), in or out of inference mode, and computes its own logits."""
+    targets = dict(r=8, target_modules=["q_proj", "down_proj"])
+    first = save_adapter(base_path, tmp_path / "a", seed=1, **targets)
+    second = save_adapter(base_path, tmp_path / "b", seed=2, **targets)
+    ids = torch.randint(0, 600, (1, 9))
+    model = AutoModelForCausalLM.from_pretrained(base_path).eval()
+    server = LoraServer(model)
+    server.load("a", first)
+    server.load("b", second)
+    q_proj = model.get_submodule("model.layers.0.self_attn.q_proj")
+    with torch.inference_mode():
+        server.activate("a")
+        forward = q_proj.__dict__["forward"]
+        torch.testing.assert_close(model(ids).logits, peft_logits(base_path, first, ids))
+    server.activate("b")  # outside inference mode: the buffers are plain tensors
+    assert q_proj.__dict__["forward"] is forward
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, peft_logits(base_path, second, ids))
+    server.activate(None)
+    assert "forward" not in q_proj.__dict__
+    server.activate("a")
+    assert q_proj.__dict__["forward"] is forward
+
+
 def test_unsupported_adapters_are_refused_before_anything_changes(
     base_path: Path, tmp_path: Path
 ) -> None:

@@ -107,6 +107,7 @@ class LocalBackend(BackendBase):
         replica_devices: list[str] | None = None,
         ray_address: str | None = None,
         prefix_cache_bytes: int | None = None,
+        compile_decode: bool = False,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
@@ -127,6 +128,9 @@ class LocalBackend(BackendBase):
         if prefix_cache_bytes is not None and prefix_cache_bytes < 0:
             raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
         self.prefix_cache_bytes = prefix_cache_bytes
+        # The transformers engine's decode steps compiled (TransformersEngine's
+        # ``compile_decode``): each engine compiles and checks them when it starts.
+        self.compile_decode = compile_decode
         self.default_max_tokens = default_max_tokens
         # A rollout not released this long after its last call leaves memory (its calls
         # stay on disk, read back if it goes on or is released later).
@@ -310,6 +314,7 @@ class LocalBackend(BackendBase):
             worker=torch_thread,
             chat=chat,
             prefix_cache_bytes=self.prefix_cache_bytes,
+            compile_decode=self.compile_decode,
         )
 
     @property
@@ -349,6 +354,7 @@ class LocalBackend(BackendBase):
             max_batch_size=self.max_batch_size,
             ray_address=self.ray_address,
             prefix_cache_bytes=self.prefix_cache_bytes,
+            compile_decode=self.compile_decode,
         )
         return ReplicaRouter(engines)
 
@@ -490,6 +496,7 @@ class LocalBackend(BackendBase):
             if callable(metrics):
                 result.metrics.update(metrics(prefix="serving/"))
             return
+        await engine.refresh_metrics()
         serving = engine.metrics()
         result.metrics.update(serving)
         record = {"step": result.step, "split": "serving", "time": time.time(), **serving}

@@ -71,18 +71,24 @@ tiny-random, into each test's own temporary folder.
 
 **LoRA adapters.** Nothing is frozen into the graph (no ``inductor.config.freezing``): base
 weights, packed weights and adapter factors are graph inputs, read at every call. A new forward
-on a linear, which is what ``engines/lora.py`` installs for every adapter it applies (a
-``functools.partial`` over that adapter's tensors), fails dynamo's guards and is traced again
-(inductor's graph cache may still hit); past ``max_compiles`` graphs a step runs eagerly.
-``use_adapter`` avoids that: it copies an adapter's factors into buffers the step keeps per
-adapted linear, behind forwards made once, so the next adapter of the same targets and ranks
-(the next checkpoint of a training run) is served by the same graph, called directly; the
-base model and back cost one guarded call each. Rows of several adapters in one batch (what
-the engine's running batch does while a new checkpoint arrives) would need a stack of factors
-per layer and a row-to-adapter index: not built. The engine does not use this module yet:
-``TransformersEngine`` still decodes eagerly (its running batch adds and drops rows, joins
-prefixes and switches adapters per batch); this module and ``benchmarks/compiled_decode.py``
-measure what a compiled step buys before it is wired in.
+on a linear fails dynamo's guards and is traced again (inductor's graph cache may still hit);
+past ``max_compiles`` graphs a step runs eagerly. So adapters are served through factor
+buffers that outlive them (``lora.AdapterSlot``, what ``lora.LoraServer`` applies and
+``use_adapter`` installs here): the next adapter of the same targets and ranks (the next
+checkpoint of a training run) is copied into them and served by the graph already compiled,
+called directly; the base model and back cost one guarded call each, the first adapter (new
+forwards) a compile. Rows of several adapters in one batch (the engine's running batch while
+a new checkpoint arrives) would need a stack of factors per layer and a row-to-adapter index:
+not built; the engine decodes those steps eagerly.
+
+**In the engine.** ``TransformersEngine(compile_decode=True)`` builds one step with
+``dynamic=True`` at load, compiles its two graphs (a row of one, several rows) and holds them
+to the eager step on a probe (``warm_up``). Its running batch is prefilled eagerly as before;
+the first compiled step copies the batch's cache in (``adopt``), later steps write their
+column in place, rows that finish are dropped by laying the others into the step's buffers
+again (``adopt``; the leading columns no row attends to go with them), and rows joining, or
+an eager step, take the cache back into the engine's growing layers first. The engine's
+prefix cache reads the batch's KV from the step's views (``cache``, ``attention``).
 """
 
 from __future__ import annotations

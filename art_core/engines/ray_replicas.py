@@ -41,6 +41,7 @@ class EngineWorkerActor:
         max_batch_size: int,
         max_loras: int,
         prefix_cache_bytes: int | None = None,
+        compile_decode: bool = False,
     ) -> None:
         engine = build_engine(
             Path(model_path),
@@ -50,6 +51,7 @@ class EngineWorkerActor:
             max_loras=max_loras,
             threads=threads,
             prefix_cache_bytes=prefix_cache_bytes,
+            compile_decode=compile_decode,
         )
         self._worker = ThreadedWorker(engine, host="0.0.0.0")
 
@@ -123,6 +125,7 @@ class RayWorkerEngine(WorkerClient):
         max_batch_size: int = 32,
         max_loras: int = 4,
         prefix_cache_bytes: int | None = None,
+        compile_decode: bool = False,
         startup_timeout_s: float = 300.0,
         health_interval_s: float = 1.0,
         unresponsive_after_s: float = 60.0,
@@ -139,6 +142,7 @@ class RayWorkerEngine(WorkerClient):
         self.dtype = dtype
         self.max_batch_size = max_batch_size
         self.prefix_cache_bytes = prefix_cache_bytes
+        self.compile_decode = compile_decode
         self.startup_timeout_s = startup_timeout_s
         self.tokenizer = chat.tokenizer
         self._eos_ids = chat.eos_token_ids
@@ -173,6 +177,7 @@ class RayWorkerEngine(WorkerClient):
                 self.max_batch_size,
                 self.max_loras + 1,
                 self.prefix_cache_bytes,
+                self.compile_decode,
             )
         )
 

@@ -72,6 +72,7 @@ def build_replicas(
     max_batch_size: int = 32,
     ray_address: str | None = None,
     prefix_cache_bytes: int | None = None,
+    compile_decode: bool = False,
 ) -> list[Engine]:
     """The engines of ``specs``: worker processes, or Ray actors with ``ray_address``
     (``"auto"``: the running cluster, or a new local one)."""
@@ -86,6 +87,7 @@ def build_replicas(
                 dtype=dtype,
                 max_batch_size=max_batch_size,
                 prefix_cache_bytes=prefix_cache_bytes,
+                compile_decode=compile_decode,
             )
             for spec in specs
         ]
@@ -102,6 +104,7 @@ def build_replicas(
             max_batch_size=max_batch_size,
             chat=chat,
             prefix_cache_bytes=prefix_cache_bytes,
+            compile_decode=compile_decode,
         )
         for spec in specs
     ]

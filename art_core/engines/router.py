@@ -185,6 +185,12 @@ class ReplicaRouter(ServesAdapters):
         await asyncio.gather(*(replica.resume() for replica in self.replicas))
 
     # ----------------------------------------------------------------------------- metrics
+    async def refresh_metrics(self) -> None:
+        """Each replica's own figures (prefill, prefix cache) asked for now, where a replica
+        reports them through its health check (engine workers), so ``metrics`` is current."""
+        refreshes = [getattr(replica, "refresh_metrics", None) for replica in self.replicas]
+        await asyncio.gather(*(refresh() for refresh in refreshes if callable(refresh)))
+
     def metrics(self, prefix: str = "serving/") -> dict[str, float]:
         """Per replica: calls and tokens in flight, calls answered and failed, tokens/s
         sampled since the previous reading, restarts, whether it is live.

@@ -296,6 +296,7 @@ def build_engine(
     max_loras: int,
     threads: int | None,
     prefix_cache_bytes: int | None = None,
+    compile_decode: bool = False,
 ) -> Engine:
     """The transformers engine a worker serves (torch imported here, after ``pin_cpus``)."""
     from art_core.engines.transformers_engine import TransformersEngine
@@ -311,6 +312,7 @@ def build_engine(
         max_batch_size=max_batch_size,
         max_loaded_adapters=max_loras,
         prefix_cache_bytes=prefix_cache_bytes,
+        compile_decode=compile_decode,
     )
 
 
@@ -337,6 +339,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the prefix cache's bound (default: from free memory; 0: none)",
     )
+    parser.add_argument(
+        "--compile-decode",
+        action="store_true",
+        help="decode steps compiled (torch.compile), compiled and checked at start",
+    )
     return parser.parse_args(argv)
 
 
@@ -351,6 +358,7 @@ async def serve(args: argparse.Namespace) -> None:
         max_loras=args.max_loras,
         threads=args.threads,
         prefix_cache_bytes=args.prefix_cache_bytes,
+        compile_decode=args.compile_decode,
     )
     await engine.start()
     config = uvicorn.Config(

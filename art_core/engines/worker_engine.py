@@ -123,6 +123,15 @@ class WorkerClient(HTTPEngine):
         self.engine_metrics = _figures(response)
         return True, None
 
+    async def refresh_metrics(self) -> None:
+        """Ask the worker's health now for its figures (``engine_metrics``), rather than
+        read them as of the last check (up to ``health_interval_s`` old). A worker that does
+        not answer keeps its last figures; watching it is ``_watch``'s business."""
+        if not self._ready.is_set():
+            return
+        async with httpx.AsyncClient() as client:
+            await self._probe(client)
+
     async def _watch(self) -> None:
         """Bring the worker back whenever it is gone or stops answering its health check."""
         last_answer = time.monotonic()
@@ -229,6 +238,7 @@ class WorkerEngine(WorkerClient):
         max_loras: int = 4,
         chat: ChatTokenizer | None = None,
         prefix_cache_bytes: int | None = None,
+        compile_decode: bool = False,
         startup_timeout_s: float = 300.0,
         unresponsive_after_s: float = 60.0,
         health_interval_s: float = 1.0,
@@ -248,6 +258,7 @@ class WorkerEngine(WorkerClient):
         self.cpus = list(cpus) if cpus else None
         self.max_batch_size = max_batch_size
         self.prefix_cache_bytes = prefix_cache_bytes
+        self.compile_decode = compile_decode
         self.startup_timeout_s = startup_timeout_s
         self._chat = chat
         self._server: ServerProcess | None = None
@@ -285,6 +296,8 @@ class WorkerEngine(WorkerClient):
             command += ["--threads", str(self.threads)]
         if self.prefix_cache_bytes is not None:
             command += ["--prefix-cache-bytes", str(self.prefix_cache_bytes)]
+        if self.compile_decode:
+            command += ["--compile-decode"]
         if self.cpus:
             command += ["--cpus", ",".join(str(c) for c in self.cpus)]
         return command

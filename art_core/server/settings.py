@@ -48,6 +48,8 @@ class ServeSettings:
     max_batch_size: int = 32
     # The engine's prefix cache bound in bytes (None: from free memory; 0: off).
     prefix_cache_bytes: int | None = None
+    # The transformers engine's decode steps compiled (``TransformersEngine.compile_decode``).
+    compile_decode: bool = False
     # Engine replicas per model (engine workers behind the gateway's router; 1: in-process),
     # their CPU threads each, their devices, and a Ray cluster to place them on.
     replicas: int = 1
