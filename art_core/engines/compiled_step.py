@@ -21,8 +21,10 @@ step whose shapes do not change as the sequence grows:
   at 8 rows decoded 17 ms a step in 128 columns and 19 ms in 256 (prompts of ~15 tokens).
   Dynamo keeps at most ``recompile_limit`` graphs of one function per process; the step's
   calls run with it set to ``max_compiles`` (32). With ``dynamic=True`` one graph serves
-  every bucket of two rows or more (rows and width symbolic; a row of one is a graph of its
-  own: dynamo specializes sizes of 1): SmolLM2-135M on 2 cores, ~58 s to compile it once
+  every batch of two rows or more, its rows taken as they are, not padded (rows and width
+  symbolic, duck sizing off so that no number of rows is tied to a model size it happened to
+  equal when traced; a row of one is a graph of its own: dynamo specializes sizes of 1):
+  SmolLM2-135M on 2 cores, ~58 s to compile it once
   against ~26 s for each static bucket, and each step ~5% slower (2 / 4 / 8 / 16 rows at 128
   columns: 10.6 / 11.0 / 13.3 / 17.7 ms, static 9.9 / 10.4 / 12.7 / 17.0).
 - **The linears.** ``packed.base_linear`` routes a pre-packed bf16 weight through the custom
@@ -270,7 +272,7 @@ class CompiledDecodeStep:
     ) -> None:
         from transformers import AttentionInterface
 
-        self.model, self.pad_id, self.eager = model, pad_id, eager
+        self.model, self.pad_id, self.eager, self.dynamic = model, pad_id, eager, dynamic
         self.min_width, self.max_compiles = min_width, max_compiles
         self.compile_seconds: dict[tuple[int, int], float] = {}
         self.cache_dir: Path | None = None
@@ -408,7 +410,9 @@ class CompiledDecodeStep:
         used = attention.bool()
         first = int(used.any(dim=0).int().argmax()) if columns else 0
         kept = columns - first
-        bucket, width = rows_bucket(rows), width_bucket(kept + 1, self.min_width)
+        # A dynamic graph takes any number of rows (two or more) as it is: no padding rows.
+        bucket = rows if self.dynamic and rows >= 2 else rows_bucket(rows)
+        width = width_bucket(kept + 1, self.min_width)
         self._length = torch.tensor(kept, dtype=torch.long, device=device)
         fixed_layers = []
         for keys, values in layers:
@@ -508,7 +512,13 @@ class CompiledDecodeStep:
         if direct is not None:
             return direct(*args)
         try:
-            with torch._dynamo.config.patch(recompile_limit=self.max_compiles):
+            # No duck sizing: a batch whose rows equal the model's key/value heads (2 and 2,
+            # say) would otherwise tie the two sizes together in the graph, and the next
+            # number of rows would need a graph of its own.
+            with (
+                torch._dynamo.config.patch(recompile_limit=self.max_compiles),
+                torch.fx.experimental._config.patch(use_duck_shape=False),  # type: ignore[attr-defined]
+            ):
                 logits = self._step(*args)
         except _compile_errors() as exc:
             # Raised while tracing or compiling, before the graph ran: nothing was written.
