@@ -29,9 +29,15 @@ greedy decode steps of ``--base-model`` in the engine's serving dtype
 allocator and thread pools), with torch's threads fixed at the cores this process may use
 (``ART_CORE_FOLLOW_FREE_CORES=0``); the median of ``--repeats`` runs.
 
+``--churn N``: instead, the engine eager and with ``compile_decode=True`` under churn: N
+rollouts arriving over 1.5 s (seeded: prompts of 20-200 tokens, 16-160 tokens each, sampled),
+so rows join the running batch and leave it at every few steps; tokens per second over the
+whole burst and the forward's ms per step, the median of ``--repeats`` bursts after one to
+warm up.
+
 Usage: bash run.sh bench compiled_decode [--base-model smollm2-135m] [--rows 1,8]
                                          [--steps 64] [--repeats 3] [--dynamic]
-                                         [--adapter-rank R]
+                                         [--adapter-rank R] [--churn N]
        bash run.sh bench compiled_decode --smoke   (tiny-random, 2 rows of 8 steps, once)
 """
 
@@ -188,6 +194,60 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     return asyncio.run(main())
 
 
+def run_churn(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec["churn"]`` rollouts arriving over 1.5 s, rows joining and leaving the batch."""
+    import asyncio
+    import random
+
+    from art_core.engines.base import GenerationRequest, SamplingParams
+    from art_core.engines.step_times import StepTimes
+    from art_core.engines.transformers_engine import TransformersEngine
+
+    async def main() -> dict[str, Any]:
+        engine = TransformersEngine(
+            Path(spec["model_path"]), prefix_cache_bytes=0, compile_decode=spec["compile"]
+        )
+        await engine.start()
+        try:
+
+            async def burst() -> tuple[float, float]:
+                rng = random.Random(0)
+                top = min(20000, len(engine.tokenizer))  # token ids of the vocabulary
+                plan = [
+                    (
+                        rng.random() * 1.5,
+                        [rng.randrange(3, top) for _ in range(rng.randrange(20, 200))],
+                        rng.randrange(16, 160),
+                    )
+                    for _ in range(spec["churn"])
+                ]
+
+                async def one(i: int, delay: float, prompt: list[int], tokens: int) -> int:
+                    await asyncio.sleep(delay)
+                    params = SamplingParams(max_tokens=tokens, temperature=1.0, seed=i)
+                    [result] = await engine.generate(GenerationRequest(prompt, params))
+                    return len(result.token_ids)
+
+                times = engine.step_times = StepTimes()
+                started = time.perf_counter()
+                sampled = sum(
+                    await asyncio.gather(*(one(i, *rollout) for i, rollout in enumerate(plan)))
+                )
+                elapsed = time.perf_counter() - started
+                return sampled / elapsed, times.seconds["forward"] / times.counts["forward"]
+
+            await burst()  # warm
+            runs = [await burst() for _ in range(spec["repeats"])]
+        finally:
+            await engine.close()
+        return {
+            "tokens_per_s": statistics.median(r[0] for r in runs),
+            "ms": 1000 * statistics.median(r[1] for r in runs),
+        }
+
+    return asyncio.run(main())
+
+
 def run_fixed_width(spec: dict[str, Any], eager: bool) -> dict[str, Any]:
     import torch
 
@@ -292,6 +352,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         return run_engine(spec)
     if path == "floor":
         return run_floor(spec)
+    if path == "churn":
+        return run_churn(spec)
     return run_fixed_width(spec, eager=path == "eager")
 
 
@@ -340,12 +402,32 @@ def save_adapter(model_path: str, folder: Path, rank: int) -> str:
     return str(folder)
 
 
+def main_churn(args: argparse.Namespace, model_path: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="compiled-decode-") as folder:
+        spec = {"model_path": model_path, "repeats": args.repeats, "churn": args.churn}
+        spec["path"], spec["cache_home"] = "churn", folder
+        eager = spawn({**spec, "compile": False})
+        compiled = spawn({**spec, "compile": True})
+    print(
+        f"\n{args.base_model}: {args.churn} rollouts arriving over 1.5 s, 16-160 tokens each, "
+        f"median of {args.repeats} bursts"
+    )
+    print("| engine | tokens/s | forward ms/step |\n|---|---|---|")
+    for label, result in (("eager", eager), ("compile_decode=True", compiled)):
+        print(f"| {label} | {result['tokens_per_s']:.1f} | {result['ms']:.2f} |")
+    ratio = compiled["tokens_per_s"] / eager["tokens_per_s"]
+    print(f"compiled vs eager: {ratio:.2f}x tokens/s, {eager['ms'] / compiled['ms']:.2f}x a step")
+
+
 def main(args: argparse.Namespace) -> None:
     from art_core.device import serving_dtype
     from art_core.embedded import resolve_base_model
 
     print(machine_line())
     model_path = str(resolve_base_model(args.base_model))
+    if args.churn:
+        main_churn(args, model_path)
+        return
     levels = [int(x) for x in args.rows.split(",")]
     base = {
         "model_path": model_path,
@@ -439,6 +521,12 @@ def parse_args() -> argparse.Namespace:
         type=int,
         default=0,
         help="serve a LoRA adapter of this rank on every projection, in every path (0: none)",
+    )
+    parser.add_argument(
+        "--churn",
+        type=int,
+        default=0,
+        help="instead: this many rollouts arriving over 1.5 s, eager vs compiled engine",
     )
     parser.add_argument("--smoke", action="store_true", help="tiny-random, 2 rows, 8 steps")
     parser.add_argument("--child", help=argparse.SUPPRESS)

@@ -21,7 +21,8 @@ step whose shapes do not change as the sequence grows:
   at 8 rows decoded 17 ms a step in 128 columns and 19 ms in 256 (prompts of ~15 tokens).
   Dynamo keeps at most ``recompile_limit`` graphs of one function per process; the step's
   calls run with it set to ``max_compiles`` (32). With ``dynamic=True`` one graph serves
-  every batch of two rows or more, its rows taken as they are, not padded (rows and width
+  every batch of two rows or more, its rows taken as they are, not padded, and its width
+  the next multiple of ``min_width`` rather than of a power of two (rows and width
   symbolic, duck sizing off so that no number of rows is tied to a model size it happened to
   equal when traced; a row of one is a graph of its own: dynamo specializes sizes of 1):
   SmolLM2-135M on 2 cores, ~58 s to compile it once
@@ -412,7 +413,7 @@ class CompiledDecodeStep:
         kept = columns - first
         # A dynamic graph takes any number of rows (two or more) as it is: no padding rows.
         bucket = rows if self.dynamic and rows >= 2 else rows_bucket(rows)
-        width = width_bucket(kept + 1, self.min_width)
+        width = self._width_for(kept + 1)
         self._length = torch.tensor(kept, dtype=torch.long, device=device)
         fixed_layers = []
         for keys, values in layers:
@@ -540,9 +541,18 @@ class CompiledDecodeStep:
             state.append(attributes.get("_art_packed"))
         return tuple(state)
 
+    def _width_for(self, columns: int) -> int:
+        """The width of a cache that holds ``columns``: for a dynamic graph, which takes any
+        width, the next multiple of ``min_width`` (attention reads every column, so fewer
+        unused ones are faster; widening copies the cache once per ``min_width`` steps);
+        else ``min_width`` times a power of two (each width is a graph)."""
+        if self.dynamic:
+            return -(-columns // self.min_width) * self.min_width
+        return width_bucket(columns, self.min_width)
+
     def _widen(self) -> None:
         """Move the cache to the next width bucket (a compilation if that bucket is new)."""
-        width = width_bucket(self.width + 1, self.min_width)
+        width = self._width_for(self.width + 1)
         for layer in self._cache.layers:
             layer.widen(width)
         mask = self._mask.new_zeros((self._mask.shape[0], width))
