@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,16 @@ def sharp_model_folder(folder: Path) -> Path:
     return folder
 
 
-def request(prompt: list[int], tokens: int, seed: int, adapter: str | None = None, n: int = 1):
+def request(
+    prompt: list[int],
+    tokens: int,
+    seed: int,
+    adapter: str | None = None,
+    n: int = 1,
+    on_tokens: Any = None,
+) -> GenerationRequest:
     params = SamplingParams(max_tokens=tokens, temperature=1.0, seed=seed, n=n)
-    return GenerationRequest(prompt, params, adapter)
+    return GenerationRequest(prompt, params, adapter, on_tokens=on_tokens)
 
 
 PROMPTS = [[5, 17, 300, 42, 8, 99, 123], [7, 7, 250], list(range(600, 611)), [31, 41, 59, 26]]
@@ -61,17 +69,39 @@ async def serve(folder: Path, adapters: list[Path], *, compiled: bool) -> dict[s
     await engine.start()
     out: dict[str, Any] = {}
     try:
-        # Rows ending at different steps, one past 128 columns, n choices; late arrivals join.
+        # Rows ending at different steps, one past 128 columns, n choices; late arrivals join:
+        # the long row's 5th token holds the engine's thread until they are queued, so they
+        # join the running batch (after its first decode steps) on any machine.
+        queued = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        seen = [0]
+
+        def hold_until_joined(_choice: int, ids: list[int]) -> None:
+            seen[0] += len(ids)
+            if seen[0] != 5:
+                return
+            loop.call_soon_threadsafe(queued.set)
+            deadline = time.monotonic() + 60
+            while len(engine._queue) < len(PROMPTS) and time.monotonic() < deadline:
+                time.sleep(0.001)
+
         first = [
-            engine.generate(request(p, tokens, seed=i, n=1 + (i == 1)))
-            for i, (p, tokens) in enumerate(zip(PROMPTS, (6, 19, 130, 33), strict=True))
+            engine.generate(
+                request(p, tokens, seed=i, n=1 + (i == 1), on_tokens=hold if i == 2 else None)
+            )
+            for i, (p, tokens, hold) in enumerate(
+                zip(PROMPTS, (6, 19, 130, 33), [hold_until_joined] * 4, strict=True)
+            )
         ]
         started = asyncio.gather(*first)
-        await asyncio.sleep(0.05)
-        late = [
-            engine.generate(request(p[::-1], 9 + 4 * i, seed=10 + i)) for i, p in enumerate(PROMPTS)
-        ]
-        out["base"] = await started + await asyncio.gather(*late)
+        await asyncio.wait_for(queued.wait(), 60)
+        late = asyncio.gather(
+            *(
+                engine.generate(request(p[::-1], 9 + 4 * i, seed=10 + i))
+                for i, p in enumerate(PROMPTS)
+            )
+        )
+        out["base"] = await started + await late
         # A second turn: the first turn's prompt and answer, then more.
         answer = out["base"][0][0].token_ids
         out["turn"] = [await engine.generate(request(PROMPTS[0] + answer + [3, 4], 12, seed=20))]

@@ -88,10 +88,11 @@ not built; the engine decodes those steps eagerly.
 ``dynamic=True`` at load, compiles its two graphs (a row of one, several rows) and holds them
 to the eager step on a probe (``warm_up``). Its running batch is prefilled eagerly as before;
 the first compiled step copies the batch's cache in (``adopt``), later steps write their
-column in place, rows that finish are dropped by laying the others into the step's buffers
-again (``adopt``; the leading columns no row attends to go with them), and rows joining, or
-an eager step, take the cache back into the engine's growing layers first. The engine's
-prefix cache reads the batch's KV from the step's views (``cache``, ``attention``).
+column in place, rows that finish are dropped by laying the others into new buffers
+(``adopt``; the leading columns no row attends to go with them), rows joining are laid into
+new buffers together with the batch's (``adopt`` of both, one copy, as the eager engine's
+join), and an eager step takes the cache back into the engine's growing layers first. The
+engine's prefix cache reads the batch's KV from the step's views (``cache``, ``attention``).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ import os
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +175,18 @@ def use_compile_cache(cache_dir: Path | None = None, max_mib: float | None = Non
         logger.info("pruned %.0f MiB of compiled steps from %s", freed / 2**20, folder)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder.resolve())
     return folder
+
+
+@dataclass(frozen=True)
+class BatchKV:
+    """Rows of a batch, as ``CompiledDecodeStep.adopt`` takes them: each layer's keys and
+    values ``[rows, kv_heads, columns, head_dim]``, the columns each row attends to
+    (``[rows, columns]``, nonzero: attended; every row's newest token in the last column)
+    and each row's last position (``[rows]``: its next token is fed at the one after)."""
+
+    layers: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    attention: torch.Tensor
+    last_positions: torch.Tensor
 
 
 def rows_bucket(rows: int) -> int:
@@ -384,62 +398,73 @@ class CompiledDecodeStep:
             raise ValueError(f"{type(self.model).__name__}'s KV cache is not one per token")
         prefilled: list[Any] = cache.layers  # DynamicLayers, checked above
         last = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long)
-        self.adopt([(layer.keys, layer.values) for layer in prefilled], attention, last)
+        self.adopt(BatchKV([(layer.keys, layer.values) for layer in prefilled], attention, last))
         return out.logits[:, -1, :].float()
 
     @torch.inference_mode()
-    def adopt(
-        self,
-        layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
-        attention: torch.Tensor,
-        last_positions: torch.Tensor,
-    ) -> None:
-        """Take over a batch computed elsewhere (the engine's prefill, or its running batch
-        after rows left or joined): each layer's keys and values ``[rows, kv_heads, columns,
-        head_dim]``, the columns each row attends to (``[rows, columns]``, nonzero: attended)
-        and each row's last position (``[rows]``: its next token is fed at the one after).
-
-        They are copied into fixed-width buffers of the batch's bucket (the columns no row
-        attends to any more, on the left, dropped); the caller's tensors are not kept.
+    def adopt(self, *parts: BatchKV) -> None:
+        """Take over a batch computed elsewhere (the engine's prefill, its running batch
+        after rows left, or that batch and rows joining it): the rows of ``parts``, in order,
+        each part's newest tokens in its last column, are copied into new fixed-width buffers
+        of their bucket, right-aligned so that every row's next token goes to one column (the
+        columns no row attends to, on the left, dropped). The parts' tensors are not kept.
         """
-        if not layers or attention.dim() != 2 or attention.shape[0] == 0:
-            raise ValueError("adopt needs every layer's keys and values of at least one row")
-        rows, columns = attention.shape
-        if len(layers) != self._layers:
-            raise ValueError(f"adopt got {len(layers)} layers; the model has {self._layers}")
-        device = layers[0][0].device
-        used = attention.bool()
-        first = int(used.any(dim=0).int().argmax()) if columns else 0
-        kept = columns - first
+        if not parts:
+            raise ValueError("adopt needs the rows of at least one batch")
+        shapes = []  # per part: its rows, the first column it uses, the columns it keeps
+        for part in parts:
+            if part.attention.dim() != 2 or part.attention.shape[0] == 0:
+                raise ValueError("adopt needs an attention mask [rows, columns] of 1+ rows")
+            if len(part.layers) != self._layers:
+                raise ValueError(
+                    f"adopt got {len(part.layers)} layers; the model has {self._layers}"
+                )
+            rows, columns = part.attention.shape
+            for keys, values in part.layers:
+                if (keys.shape[0], keys.shape[2]) != (rows, columns) or (
+                    values.shape[:3] != keys.shape[:3]
+                ):
+                    raise ValueError(
+                        f"keys {tuple(keys.shape)} / values {tuple(values.shape)} do not "
+                        f"match the attention's {rows} rows x {columns} columns"
+                    )
+            used = part.attention.bool()
+            first = int(used.any(dim=0).int().argmax()) if columns else 0
+            shapes.append((rows, first, columns - first))
+        rows = sum(shape[0] for shape in shapes)
+        kept = max(shape[2] for shape in shapes)
         # A dynamic graph takes any number of rows (two or more) as it is: no padding rows.
         bucket = rows if self.dynamic and rows >= 2 else rows_bucket(rows)
         width = self._width_for(kept + 1)
+        device = parts[0].layers[0][0].device
         self._length = torch.tensor(kept, dtype=torch.long, device=device)
         fixed_layers = []
-        for keys, values in layers:
-            if (
-                keys.shape[0] != rows
-                or keys.shape[2] != columns
-                or values.shape[:3] != keys.shape[:3]
-            ):
-                raise ValueError(
-                    f"keys {tuple(keys.shape)} / values {tuple(values.shape)} do not match "
-                    f"the attention's {rows} rows x {columns} columns"
-                )
-            shape = (bucket, keys.shape[1], width, keys.shape[3])
-            fixed_keys = keys.new_zeros(shape)
+        for index, (keys, values) in enumerate(parts[0].layers):
+            fixed_keys = keys.new_zeros((bucket, keys.shape[1], width, keys.shape[3]))
             fixed_values = values.new_zeros((bucket, values.shape[1], width, values.shape[3]))
-            fixed_keys[:rows, :, :kept] = keys[:, :, first:]
-            fixed_values[:rows, :, :kept] = values[:, :, first:]
+            row = 0
+            for part, (count, first, own) in zip(parts, shapes, strict=True):
+                part_keys, part_values = part.layers[index]
+                fixed_keys[row : row + count, :, kept - own : kept] = part_keys[:, :, first:]
+                fixed_values[row : row + count, :, kept - own : kept] = part_values[:, :, first:]
+                row += count
             fixed_layers.append(self._layer_class(fixed_keys, fixed_values, self._length))
         self._cache = _fixed_width_cache(fixed_layers)
         # Which columns each row attends to; padding rows get only the columns of new tokens.
         self._mask = torch.zeros((bucket, width), dtype=torch.bool, device=device)
-        self._mask[:rows, :kept] = used[:, first:]
         self._positions = torch.zeros((bucket, 1), dtype=torch.long, device=device)
-        self._positions[:rows, 0] = last_positions.to(device) + 1
+        row = 0
+        for part, (count, first, own) in zip(parts, shapes, strict=True):
+            self._mask[row : row + count, kept - own : kept] = part.attention[:, first:].bool()
+            self._positions[row : row + count, 0] = part.last_positions.to(device) + 1
+            row += count
         self._ids = torch.full((bucket, 1), self.pad_id, dtype=torch.long, device=device)
         self.rows, self.length = rows, kept
+
+    def batch(self) -> BatchKV:
+        """The batch held now, as ``adopt`` takes it (views of the buffers: the next call
+        writes into them)."""
+        return BatchKV(self.kv(), self.attention, self.last_positions())
 
     @property
     def cache(self) -> Any:

@@ -37,7 +37,12 @@ from art_core.engines.base import (
     ServesAdapters,
     check_request,
 )
-from art_core.engines.compiled_step import CompiledDecodeStep, fixed_width_unsupported, warm_up
+from art_core.engines.compiled_step import (
+    BatchKV,
+    CompiledDecodeStep,
+    fixed_width_unsupported,
+    warm_up,
+)
 from art_core.engines.lora import LoraServer, UnsupportedAdapter
 from art_core.engines.packed import pack_linears, packing_supported
 from art_core.engines.prefix_cache import PrefixCache, default_prefix_cache_bytes
@@ -1137,8 +1142,9 @@ class _BatchState:
     Stepped eagerly, its cache is a growing buffer per layer (``_GrowingLayer``). Stepped by
     the compiled step (``step_compiled``), the step's fixed-width buffers hold it instead
     (copied in once, the growing layers emptied) and ``cache``, ``attention`` and
-    ``positions`` are views of them, until rows join or an eager step needs the growing
-    layers back (``release``). Rows leaving are dropped in the fixed-width buffers.
+    ``positions`` are views of them. Rows leaving, and rows joining (with the batch's own,
+    in one copy), are laid into new buffers of the step; an eager step takes the cache back
+    into the growing layers first (``release``).
     """
 
     def __init__(
@@ -1169,15 +1175,19 @@ class _BatchState:
         such step on (see the class)."""
         if self.compiled is not step:
             self.release()
-            layers = self.cache.layers
-            if not all(isinstance(layer, _GrowingLayer) for layer in layers):
-                raise EngineError("the compiled decode step needs a plain per-token cache")
-            step.adopt([layer.kv() for layer in layers], self.attention, self.positions)
-            for layer in layers:
+            step.adopt(self._eager_batch())
+            for layer in self.cache.layers:
                 layer.drop()
             self.compiled = step
         self.logits = step.decode(next_ids.to(self.attention.device))
         self._follow(step)
+
+    def _eager_batch(self) -> BatchKV:
+        """This batch's rows from its growing layers, as the compiled step adopts them."""
+        layers = self.cache.layers
+        if not all(isinstance(layer, _GrowingLayer) for layer in layers):
+            raise EngineError("the compiled decode step needs a plain per-token cache")
+        return BatchKV([layer.kv() for layer in layers], self.attention, self.positions)
 
     def _follow(self, step: CompiledDecodeStep) -> None:
         self.cache, self.attention, self.positions = (
@@ -1210,7 +1220,7 @@ class _BatchState:
                 self.attention, self.positions = self.attention[:0], self.positions[:0]
                 return
             kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in step.kv()]
-            step.adopt(kv, step.attention.index_select(0, index), self.positions[index])
+            step.adopt(BatchKV(kv, step.attention.index_select(0, index), self.positions[index]))
             self._follow(step)
             return
         if keep:
@@ -1255,8 +1265,14 @@ class _BatchState:
 
     def merge(self, other: _BatchState) -> _BatchState:
         """Join newly prefilled rows: left-pad the shorter cache so both end at one column."""
-        self.release()
         other.release()
+        step = self.compiled
+        if step is not None:  # both batches' rows laid into the step's new buffers at once
+            step.adopt(step.batch(), other._eager_batch())
+            self._follow(step)
+            self.rows = self.rows + other.rows
+            self.logits = torch.cat([self.logits, other.logits], dim=0)
+            return self
         width = max(self.attention.shape[1], other.attention.shape[1])
         for state in (self, other):
             pad = width - state.attention.shape[1]
