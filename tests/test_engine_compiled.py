@@ -184,7 +184,7 @@ def test_compile_decode_reaches_every_engine_the_server_starts(tmp_path: Path) -
 
     from art_core.backends.local import LocalBackend
     from art_core.engines import worker
-    from art_core.engines.worker_engine import WorkerEngine
+    from art_core.engines.worker_engine import COMPILING_STARTUP_TIMEOUT_S, WorkerEngine
     from art_core.server.cli import add_arguments, settings_from_args
 
     parser = argparse.ArgumentParser()
@@ -194,8 +194,11 @@ def test_compile_decode_reaches_every_engine_the_server_starts(tmp_path: Path) -
     assert settings.compile_decode is True
     assert LocalBackend(tmp_path, compile_decode=True).compile_decode is True
     model = resolve_base_model("tiny-random")
-    command = WorkerEngine(model, log_dir=tmp_path, compile_decode=True)._command(8000)
-    assert "--compile-decode" in command
-    assert "--compile-decode" not in WorkerEngine(model, log_dir=tmp_path)._command(8000)
+    compiling = WorkerEngine(model, log_dir=tmp_path, compile_decode=True)
+    assert "--compile-decode" in compiling._command(8000)
+    assert compiling.startup_timeout_s == COMPILING_STARTUP_TIMEOUT_S  # it compiles at start
+    plain = WorkerEngine(model, log_dir=tmp_path)
+    assert "--compile-decode" not in plain._command(8000)
+    assert plain.startup_timeout_s < COMPILING_STARTUP_TIMEOUT_S
     arguments = worker.parse_args(["--model", str(model), "--port", "1", "--compile-decode"])
     assert arguments.compile_decode is True

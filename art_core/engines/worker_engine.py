@@ -60,6 +60,13 @@ def _figures(response: httpx.Response, most: int = 64) -> dict[str, float]:
     return out
 
 
+# How long a worker that compiles its decode step at start (``compile_decode``) may take to
+# answer its health check, at least: the compile and its check against the eager step take
+# 80 s for a 135M model on 2 CPU cores with an empty compile cache, several times that for a
+# larger model or a worker given one core.
+COMPILING_STARTUP_TIMEOUT_S = 1200.0
+
+
 class WorkerClient(HTTPEngine):
     """What the gateway's side of any engine worker does, however the worker is run (a
     child process, a Ray actor): calls only while it is ready, adapters remembered while it
@@ -259,6 +266,8 @@ class WorkerEngine(WorkerClient):
         self.max_batch_size = max_batch_size
         self.prefix_cache_bytes = prefix_cache_bytes
         self.compile_decode = compile_decode
+        if compile_decode:
+            startup_timeout_s = max(startup_timeout_s, COMPILING_STARTUP_TIMEOUT_S)
         self.startup_timeout_s = startup_timeout_s
         self._chat = chat
         self._server: ServerProcess | None = None
