@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from sharp_support import sharp_tiny_random
 
 from art_core.embedded import resolve_base_model
 from art_core.engines.compiled_step import (
@@ -36,20 +37,6 @@ STEPS = 24
 MIN_WIDTH = 32  # prompts of 11 columns + 24 tokens: widths 32, then 64
 ATOL = 1e-4  # fp32 logits of std ~1.2: eager and compiled sum in other orders
 MARGIN = 1e-3  # a top-two gap below this is a near-tie, where the argmax may flip
-
-
-def sharp_tiny_random() -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_base_model("tiny-random"), dtype=torch.float32
-    ).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:  # the matrices; norms stay ones
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.15)
-    return model
 
 
 def reference(model: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,6 @@ engine compiles into the test's own folder; no timing is asserted.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 from lora_support import make_adapter
+from sharp_support import sharp_model_folder
 
 from art_core.embedded import resolve_base_model
 from art_core.engines.base import GenerationRequest, SamplingParams
@@ -31,22 +31,6 @@ from art_core.engines.compiled_step import compiled_variants
 from art_core.engines.transformers_engine import TransformersEngine
 
 ATOL = 1e-4  # fp32 logprobs: the compiled step sums in another order
-
-
-def sharp_model_folder(folder: Path) -> Path:
-    """tiny-random with seeded weights of std 0.15 (its own make every row repeat itself)."""
-    from transformers import AutoModelForCausalLM
-
-    source = resolve_base_model("tiny-random")
-    shutil.copytree(source, folder)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.15)
-    model.save_pretrained(folder)
-    return folder
 
 
 def request(

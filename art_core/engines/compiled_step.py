@@ -372,7 +372,6 @@ class CompiledDecodeStep:
         """Run the prompts (left-padded, eagerly), keep their KV in a fixed-width cache;
         returns ``[len(prompts), vocab]`` next-token logits (fp32)."""
         from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
 
         if not prompts or any(not p for p in prompts):
             raise ValueError("prefill needs at least one prompt, none of them empty")
@@ -394,9 +393,7 @@ class CompiledDecodeStep:
             logits_to_keep=1,
             **{self._keyword: cache},
         )
-        if any(type(layer) is not DynamicLayer for layer in cache.layers):
-            raise ValueError(f"{type(self.model).__name__}'s KV cache is not one per token")
-        prefilled: list[Any] = cache.layers  # DynamicLayers, checked above
+        prefilled: list[Any] = cache.layers  # DynamicLayers: fixed_width_unsupported, at init
         last = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long)
         self.adopt(BatchKV([(layer.keys, layer.values) for layer in prefilled], attention, last))
         return out.logits[:, -1, :].float()
@@ -411,7 +408,8 @@ class CompiledDecodeStep:
         """
         if not parts:
             raise ValueError("adopt needs the rows of at least one batch")
-        shapes = []  # per part: its rows, the first column it uses, the columns it keeps
+        # Per part: its rows, its columns attended, the first column it uses, the columns kept.
+        shapes = []
         for part in parts:
             if part.attention.dim() != 2 or part.attention.shape[0] == 0:
                 raise ValueError("adopt needs an attention mask [rows, columns] of 1+ rows")
@@ -430,9 +428,9 @@ class CompiledDecodeStep:
                     )
             used = part.attention.bool()
             first = int(used.any(dim=0).int().argmax()) if columns else 0
-            shapes.append((rows, first, columns - first))
+            shapes.append((rows, used, first, columns - first))
         rows = sum(shape[0] for shape in shapes)
-        kept = max(shape[2] for shape in shapes)
+        kept = max(shape[3] for shape in shapes)
         # A dynamic graph takes any number of rows (two or more) as it is: no padding rows.
         bucket = rows if self.dynamic and rows >= 2 else rows_bucket(rows)
         width = self._width_for(kept + 1)
@@ -443,7 +441,7 @@ class CompiledDecodeStep:
             fixed_keys = keys.new_zeros((bucket, keys.shape[1], width, keys.shape[3]))
             fixed_values = values.new_zeros((bucket, values.shape[1], width, values.shape[3]))
             row = 0
-            for part, (count, first, own) in zip(parts, shapes, strict=True):
+            for part, (count, _, first, own) in zip(parts, shapes, strict=True):
                 part_keys, part_values = part.layers[index]
                 fixed_keys[row : row + count, :, kept - own : kept] = part_keys[:, :, first:]
                 fixed_values[row : row + count, :, kept - own : kept] = part_values[:, :, first:]
@@ -454,8 +452,8 @@ class CompiledDecodeStep:
         self._mask = torch.zeros((bucket, width), dtype=torch.bool, device=device)
         self._positions = torch.zeros((bucket, 1), dtype=torch.long, device=device)
         row = 0
-        for part, (count, first, own) in zip(parts, shapes, strict=True):
-            self._mask[row : row + count, kept - own : kept] = part.attention[:, first:].bool()
+        for part, (count, used, first, own) in zip(parts, shapes, strict=True):
+            self._mask[row : row + count, kept - own : kept] = used[:, first:]
             self._positions[row : row + count, 0] = part.last_positions.to(device) + 1
             row += count
         self._ids = torch.full((bucket, 1), self.pad_id, dtype=torch.long, device=device)

@@ -24,7 +24,7 @@ from art_core.engines.base import EngineError
 from art_core.engines.replica_spec import ReplicaSpec
 from art_core.engines.tokenizer import ChatTokenizer
 from art_core.engines.worker import ThreadedWorker, build_engine
-from art_core.engines.worker_engine import COMPILING_STARTUP_TIMEOUT_S, WorkerClient
+from art_core.engines.worker_engine import WorkerClient, startup_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -143,9 +143,7 @@ class RayWorkerEngine(WorkerClient):
         self.max_batch_size = max_batch_size
         self.prefix_cache_bytes = prefix_cache_bytes
         self.compile_decode = compile_decode
-        if compile_decode:
-            startup_timeout_s = max(startup_timeout_s, COMPILING_STARTUP_TIMEOUT_S)
-        self.startup_timeout_s = startup_timeout_s
+        self.startup_timeout_s = startup_timeout(startup_timeout_s, compile_decode)
         self.tokenizer = chat.tokenizer
         self._eos_ids = chat.eos_token_ids
         self.context_length = chat.context_length

@@ -37,12 +37,7 @@ from art_core.engines.base import (
     ServesAdapters,
     check_request,
 )
-from art_core.engines.compiled_step import (
-    BatchKV,
-    CompiledDecodeStep,
-    fixed_width_unsupported,
-    warm_up,
-)
+from art_core.engines.compiled_step import BatchKV, CompiledDecodeStep, warm_up
 from art_core.engines.lora import LoraServer, UnsupportedAdapter
 from art_core.engines.packed import pack_linears, packing_supported
 from art_core.engines.prefix_cache import PrefixCache, default_prefix_cache_bytes
@@ -117,7 +112,7 @@ class TransformersEngine(ServesAdapters):
     over a fixed-width copy of the running batch's cache; default False (eager). The graphs
     are compiled at load and held to the eager step there (``warm_up``): SmolLM2-135M on 2
     CPU cores, about a minute with an empty compile cache, ~20 s from it. A model the step
-    does not fit (sliding windows, soft-capped attention: ``fixed_width_unsupported``), a
+    does not fit (sliding windows, soft-capped attention: ``compiled_step.fixed_width_unsupported``), a
     step that fails to compile or disagrees with the eager one, leaves the engine eager,
     saying why in ``compiled_decode_off``. Batches whose rows use several adapters at once,
     and adapters served by peft, decode eagerly.
@@ -240,10 +235,11 @@ class TransformersEngine(ServesAdapters):
     def _compiled_step(self, model: Any) -> CompiledDecodeStep | None:
         """The compiled decode step, compiled now and held to the eager step; None (and
         ``compiled_decode_off`` says why) when it cannot serve this model."""
-        reason = fixed_width_unsupported(model)
-        step = None
-        if reason is None:
+        try:  # refused for a model it does not fit (fixed_width_unsupported)
             step = CompiledDecodeStep(model, pad_id=self._pad_id, dynamic=True)
+        except ValueError as exc:
+            reason: str | None = str(exc)
+        else:
             started = time.perf_counter()
             reason = warm_up(step, token_id=self._pad_id)
             logger.info("compiled decode step ready in %.1f s", time.perf_counter() - started)

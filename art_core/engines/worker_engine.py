@@ -67,6 +67,17 @@ def _figures(response: httpx.Response, most: int = 64) -> dict[str, float]:
 COMPILING_STARTUP_TIMEOUT_S = 1200.0
 
 
+def startup_timeout(given_s: float, compile_decode: bool) -> float:
+    """How long a worker may take to answer its first health check: ``given_s``, at least
+    ``COMPILING_STARTUP_TIMEOUT_S`` when it compiles its decode step at start.
+
+    Example:
+        >>> startup_timeout(300.0, False), startup_timeout(300.0, True)
+        (300.0, 1200.0)
+    """
+    return max(given_s, COMPILING_STARTUP_TIMEOUT_S) if compile_decode else given_s
+
+
 class WorkerClient(HTTPEngine):
     """What the gateway's side of any engine worker does, however the worker is run (a
     child process, a Ray actor): calls only while it is ready, adapters remembered while it
@@ -266,9 +277,7 @@ class WorkerEngine(WorkerClient):
         self.max_batch_size = max_batch_size
         self.prefix_cache_bytes = prefix_cache_bytes
         self.compile_decode = compile_decode
-        if compile_decode:
-            startup_timeout_s = max(startup_timeout_s, COMPILING_STARTUP_TIMEOUT_S)
-        self.startup_timeout_s = startup_timeout_s
+        self.startup_timeout_s = startup_timeout(startup_timeout_s, compile_decode)
         self._chat = chat
         self._server: ServerProcess | None = None
         self.started_at = 0.0
