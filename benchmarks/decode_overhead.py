@@ -9,7 +9,9 @@ prints decode tokens/s of:
   (``_decode_client.py``, raw keep-alive HTTP: an agent's process, not ours, parses);
 - ``streamed``: the same with ``stream: true`` (server-sent events);
 
-the ratio to the engine alone (goal: >= 0.9 at 1, 8 and 32 rows), and per decode step, in
+the ratio to the engine alone (goal: >= 0.9 at 1, 8 and 32 rows; each run is divided by the
+engine's run of the same round, and the median of those ratios is shown with their range: this
+machine's speed moves between rounds by more than the gap measured), and per decode step, in
 milliseconds: the forward pass, sampling, logprobs, grammar masks, recording the sampled
 tokens (with the streaming callbacks), rows joining a running batch and their prefill
 (``TransformersEngine.step_times``), then the CPU time of the engine's thread and of the
@@ -20,10 +22,12 @@ On a GPU (``bash run.sh gpu-check`` runs it on the 0.5B-shaped model) the split 
 the device at each mark, so each part is charged its own kernels. ``--profile DIR`` also
 writes a ``torch.profiler`` trace of one gateway run at the smallest and the largest level
 (``DIR/trace-gateway-ROWS.json``, Chrome's trace format, and the top operators by self time
-in ``DIR/ops-gateway-ROWS.txt``).
+in ``DIR/ops-gateway-ROWS.txt``). ``--compile-decode`` serves from a compiled decode step
+(``TransformersEngine(compile_decode=True)``; its compile is paid before the first round).
 
 Usage: bash run.sh bench decode_overhead [--base-model tiny-random] [--max-tokens 64]
-                                         [--repeats 5] [--rows 1,8,32] [--profile DIR]
+                                         [--repeats 7] [--rows 1,8,32] [--profile DIR]
+                                         [--compile-decode]
        bash run.sh bench decode_overhead --smoke   (2 rows of 8 tokens, one run each)
 """
 
@@ -73,6 +77,23 @@ class Cell:
     def median(self) -> Run:
         ordered = sorted(self.runs, key=lambda r: r.tokens_per_s)
         return ordered[len(ordered) // 2]
+
+
+def paired_ratios(cell: Cell, engine: Cell) -> list[float]:
+    """Each run's tokens/s over the engine alone's in the same round (runs are interleaved:
+    a round is one run of each path), so a change of the machine's speed between rounds
+    cancels.
+
+    Example:
+        >>> def runs(*speeds):
+        ...     return Cell([Run(s, 1, {}, 0.0, 0.0) for s in speeds])
+        >>> paired_ratios(runs(90.0, 45.0), runs(100.0, 50.0))
+        [0.9, 0.9]
+    """
+    return [
+        run.tokens_per_s / base.tokens_per_s
+        for run, base in zip(cell.runs, engine.runs, strict=True)
+    ]
 
 
 def thread_cpu(*name_prefixes: str) -> Callable[[], float]:
@@ -138,7 +159,7 @@ async def main(args: argparse.Namespace) -> None:
     print(machine_line())
     levels = [int(x) for x in args.rows.split(",")]
     with tempfile.TemporaryDirectory() as folder:
-        async with art.LocalBackend(path=folder) as backend:
+        async with art.LocalBackend(path=folder, compile_decode=args.compile_decode) as backend:
             model = art.TrainableModel(name="bench", project="decode", base_model=args.base_model)
             await model.register(backend)
             served = backend.gateway.models[model.name]
@@ -230,24 +251,28 @@ async def profiled(engine: Any, client: Client, folder: Path, rows: int) -> None
 
 
 def print_table(cells: dict[tuple[int, str], Cell], levels: list[int], args: Any) -> None:
+    step = "compiled decode step" if args.compile_decode else "eager decode step"
     print(
-        f"\n{args.base_model}, {args.max_tokens} tokens a request, median of {args.repeats} "
-        "interleaved runs; per decode step in ms"
+        f"\n{args.base_model} ({step}), {args.max_tokens} tokens a request, median of "
+        f"{args.repeats} interleaved rounds; vs engine: the median of each round's ratio "
+        "[lowest, highest]; per decode step in ms"
     )
     head = ["rows", "path", "tok/s", "vs engine", *PARTS, "engine CPU", "loop CPU"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     worst = {"gateway": float("inf"), "streamed": float("inf")}
     for rows in levels:
-        base = statistics.median(r.tokens_per_s for r in cells[(rows, "engine")].runs)
+        engine = cells[(rows, "engine")]
         for path in PATHS:
             run = cells[(rows, path)].median()
-            ratio = run.tokens_per_s / base
+            ratios = paired_ratios(cells[(rows, path)], engine)
+            ratio = statistics.median(ratios)
             if path in worst:
                 worst[path] = min(worst[path], ratio)
             parts = [f"{run.parts_ms[p]:.2f}" for p in PARTS]
             print(
-                f"| {rows} | {path} | {run.tokens_per_s:,.0f} | {ratio:.2f}x | "
+                f"| {rows} | {path} | {run.tokens_per_s:,.0f} | {ratio:.2f}x "
+                f"[{min(ratios):.2f}, {max(ratios):.2f}] | "
                 + " | ".join(parts)
                 + f" | {run.engine_cpu_ms:.2f} | {run.loop_cpu_ms:.2f} |"
             )
@@ -261,9 +286,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-model", default="tiny-random")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--rows", default="1,8,32", help="concurrent requests, comma-separated")
     parser.add_argument("--profile", help="a folder for torch.profiler traces of the gateway")
+    parser.add_argument(
+        "--compile-decode", action="store_true", help="serve from a compiled decode step"
+    )
     parser.add_argument("--smoke", action="store_true", help="2 rows of 8 tokens, one run")
     args = parser.parse_args()
     if args.smoke:

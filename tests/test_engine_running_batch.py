@@ -5,6 +5,7 @@ uses any more (else a busy engine attends over an ever wider cache)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -76,3 +77,49 @@ async def test_a_row_that_outlives_the_batch_it_joined_answers_as_alone_on_a_tri
     [(_rows, before, after)] = [w for w in widths if w[0] == 2]
     assert after < before
     assert after <= len(joiner) + len(joined.token_ids)
+
+
+async def test_requests_ending_at_one_step_are_answered_with_one_wake_up_of_their_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each hand-over to the caller's loop from the engine's thread lets the loop's thread
+    take the interpreter lock mid-step: the rows that end together are answered in one."""
+    engine = TransformersEngine(resolve_base_model("tiny-random"), dtype="float32", batch_window=0)
+    await engine.start()
+    loop = asyncio.get_running_loop()
+    wake_ups = 0
+    call_soon_threadsafe = loop.call_soon_threadsafe
+
+    def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal wake_ups
+        if threading.current_thread() is not threading.main_thread():
+            wake_ups += 1
+        return call_soon_threadsafe(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+
+    async def one_batch(prompts: list[list[int]]) -> tuple[int, list[Any]]:
+        """The wake-ups of the caller's loop from the engine's side while ``prompts`` run as
+        one batch, its end included (``pause`` waits for the batch to end)."""
+        nonlocal wake_ups
+        await engine.pause()  # queued together, they start as one batch on resume
+        tasks = [asyncio.ensure_future(engine.generate(request(p, 6))) for p in prompts]
+        await asyncio.sleep(0)  # each task queues its request (its grammar is cached)
+        assert len(engine._queue) == len(prompts)
+        wake_ups = 0
+        await engine.resume()
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        await engine.pause()
+        counted = wake_ups
+        await engine.resume()
+        return counted, [r for [r] in results]
+
+    try:
+        await engine.generate(request([1, 2], 6))  # compiles the grammar once
+        alone, _ = await one_batch([[5, 6, 7]])
+        together, results = await one_batch([[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]])
+    finally:
+        await engine.close()
+
+    assert [len(r.token_ids) for r in results] == [6, 6, 6, 6]  # all ended at one step
+    assert together == alone
