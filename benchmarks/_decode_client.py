@@ -2,7 +2,8 @@
 concurrent chat completions over raw HTTP/1.1 keep-alive connections, streamed or not.
 
 Protocol on stdin/stdout: it connects and warms each connection, prints ``ready``; for each
-``go`` line it runs the ROWS requests and prints ``{"seconds", "tokens"}``; ``quit`` ends it.
+``go`` line it runs the ROWS requests and prints ``{"seconds", "tokens", "cpu"}`` (cpu: this process's
+CPU seconds meanwhile); ``quit`` ends it.
 """
 
 from __future__ import annotations
@@ -68,12 +69,12 @@ async def main(port: int, model: str, rows: int, max_tokens: int, stream: bool) 
     print("ready", flush=True)
     loop = asyncio.get_running_loop()
     while (await loop.run_in_executor(None, sys.stdin.readline)).strip() == "go":
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         tokens = await asyncio.gather(
             *(request(c, model, i, max_tokens, stream) for i, c in enumerate(connections))
         )
-        seconds = time.perf_counter() - started
-        print(json.dumps({"seconds": seconds, "tokens": sum(tokens)}), flush=True)
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        print(json.dumps({"seconds": seconds, "tokens": sum(tokens), "cpu": cpu}), flush=True)
 
 
 if __name__ == "__main__":

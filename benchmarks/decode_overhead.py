@@ -15,8 +15,12 @@ machine's speed moves between rounds by more than the gap measured), and per dec
 milliseconds: the forward pass, sampling, logprobs, grammar masks, recording the sampled
 tokens (with the streaming callbacks), rows joining a running batch and their prefill
 (``TransformersEngine.step_times``), then the CPU time of the engine's thread and of the
-gateway's event-loop thread (HTTP, validation, prompts, the stream loop, recording). The
-median of ``--repeats`` runs, interleaved.
+gateway's event-loop thread (HTTP, validation, prompts, the stream loop, recording), of this
+whole process (every thread: torch's intra-op workers too) and of the client's process, and
+the cores all of it kept busy on average (their CPU over the wall time: on a machine of two
+cores, a path near 2.0 has no core left for anything else, so every millisecond the gateway
+and its client spend is a millisecond less for the engine). The median of ``--repeats``
+runs, interleaved.
 
 On a GPU (``bash run.sh gpu-check`` runs it on the 0.5B-shaped model) the split waits for
 the device at each mark, so each part is charged its own kernels. ``--profile DIR`` also
@@ -68,6 +72,20 @@ class Run:
     parts_ms: dict[str, float]  # per step
     engine_cpu_ms: float  # per step
     loop_cpu_ms: float  # per step
+    # Per step: this process's CPU (every thread: the engine's, torch's intra-op workers, the
+    # loop's) and the client process's (0 for the engine alone: no client).
+    process_cpu_ms: float = 0.0
+    client_cpu_ms: float = 0.0
+    step_ms: float = 0.0  # wall time per step
+
+    def cores_busy(self) -> float:
+        """The cores this process and the client kept busy on average while it ran.
+
+        Example:
+            >>> Run(1.0, 1, {}, 0.0, 0.0, 1.5, 0.3, 1.0).cores_busy()
+            1.8
+        """
+        return (self.process_cpu_ms + self.client_cpu_ms) / self.step_ms if self.step_ms else 0.0
 
 
 @dataclass
@@ -121,11 +139,12 @@ class Client:
         if self.stdout.readline().strip() != "ready":
             raise RuntimeError("the load client did not start")
 
-    def run(self) -> tuple[float, int]:
+    def run(self) -> tuple[float, int, float]:
+        """One round of requests: its seconds, tokens and the client's CPU seconds."""
         self.stdin.write("go\n")
         self.stdin.flush()
         result = json.loads(self.stdout.readline())
-        return result["seconds"], result["tokens"]
+        return result["seconds"], result["tokens"], result["cpu"]
 
     def close(self) -> None:
         self.stdin.close()
@@ -136,11 +155,12 @@ async def measure(
     times: StepTimes,
     engine_cpu: Callable[[], float],
     loop_cpu: Callable[[], float],
-    run: Callable[[], Awaitable[tuple[float, int]]],
+    run: Callable[[], Awaitable[tuple[float, int, float]]],
 ) -> Run:
     times.clear()
-    engine0, loop0 = engine_cpu(), loop_cpu()
-    seconds, tokens = await run()
+    engine0, loop0, process0 = engine_cpu(), loop_cpu(), time.process_time()
+    seconds, tokens, client_cpu = await run()
+    process_cpu = time.process_time() - process0
     steps = max(1, times.counts["forward"])
     parts = {part: 1000 * times.seconds[part] / steps for part in PARTS}
     # The loop times sampling with its grammar masks and logprobs; shown apart.
@@ -152,6 +172,9 @@ async def measure(
         parts,
         1000 * (engine_cpu() - engine0) / steps,
         1000 * (loop_cpu() - loop0) / steps,
+        1000 * process_cpu / steps,
+        1000 * client_cpu / steps,
+        1000 * seconds / steps,
     )
 
 
@@ -172,7 +195,7 @@ async def main(args: argparse.Namespace) -> None:
             port = backend.server.port
             engine_cpu, loop_cpu = thread_cpu("art-torch", "art-engine"), thread_cpu("art-gateway")
 
-            async def on_engine_loop(rows: int) -> tuple[float, int]:
+            async def on_engine_loop(rows: int) -> tuple[float, int, float]:
                 requests = [
                     GenerationRequest(
                         list(prompt),
@@ -183,9 +206,9 @@ async def main(args: argparse.Namespace) -> None:
                 started = time.perf_counter()
                 results = await asyncio.gather(*(engine.generate(r) for r in requests))
                 seconds = time.perf_counter() - started
-                return seconds, sum(len(r[0].token_ids) for r in results)
+                return seconds, sum(len(r[0].token_ids) for r in results), 0.0
 
-            async def engine_alone(rows: int) -> tuple[float, int]:
+            async def engine_alone(rows: int) -> tuple[float, int, float]:
                 # On the loop the engine's scheduler runs on (the gateway's), as the
                 # gateway's own calls are: an engine is called from its own loop.
                 return await backend.server.call(on_engine_loop(rows))
@@ -240,7 +263,7 @@ async def profiled(engine: Any, client: Client, folder: Path, rows: int) -> None
     trace = profile(activities=activities)
     await engine.run_in_model_thread(trace.start)
     try:
-        seconds, tokens = await asyncio.to_thread(client.run)
+        seconds, tokens, _cpu = await asyncio.to_thread(client.run)
     finally:
         await engine.run_in_model_thread(trace.stop)
     await asyncio.to_thread(trace.export_chrome_trace, str(folder / f"trace-gateway-{rows}.json"))
@@ -258,6 +281,7 @@ def print_table(cells: dict[tuple[int, str], Cell], levels: list[int], args: Any
         "[lowest, highest]; per decode step in ms"
     )
     head = ["rows", "path", "tok/s", "vs engine", *PARTS, "engine CPU", "loop CPU"]
+    head += ["process CPU", "client CPU", "cores busy"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     worst = {"gateway": float("inf"), "streamed": float("inf")}
@@ -274,7 +298,9 @@ def print_table(cells: dict[tuple[int, str], Cell], levels: list[int], args: Any
                 f"| {rows} | {path} | {run.tokens_per_s:,.0f} | {ratio:.2f}x "
                 f"[{min(ratios):.2f}, {max(ratios):.2f}] | "
                 + " | ".join(parts)
-                + f" | {run.engine_cpu_ms:.2f} | {run.loop_cpu_ms:.2f} |"
+                + f" | {run.engine_cpu_ms:.2f} | {run.loop_cpu_ms:.2f}"
+                + f" | {run.process_cpu_ms:.2f} | {run.client_cpu_ms:.2f}"
+                + f" | {run.cores_busy():.2f} |"
             )
     print()
     for path, ratio in worst.items():
