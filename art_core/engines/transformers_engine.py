@@ -1405,6 +1405,7 @@ def _resolve_all(
         >>> _resolve_all([(_Pending(request, f, loop), []) for f in futures])
         >>> loop.run_until_complete(asyncio.gather(*futures))
         [[], []]
+        >>> loop.close()
     """
     by_loop: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
     for pending, outcome in finished:
