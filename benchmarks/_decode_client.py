@@ -2,8 +2,8 @@
 concurrent chat completions over raw HTTP/1.1 keep-alive connections, streamed or not.
 
 Protocol on stdin/stdout: it connects and warms each connection, prints ``ready``; for each
-``go`` line it runs the ROWS requests and prints ``{"seconds", "tokens", "cpu"}`` (cpu: this process's
-CPU seconds meanwhile); ``quit`` ends it.
+``go`` line it runs the ROWS requests and prints ``{"seconds", "tokens", "cpu"}`` (cpu: this
+process's CPU seconds meanwhile); ``quit`` ends it.
 """
 
 from __future__ import annotations

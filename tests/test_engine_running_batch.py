@@ -110,9 +110,9 @@ async def test_requests_ending_at_one_step_are_answered_with_one_wake_up_of_thei
         await engine.resume()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 120)
         await engine.pause()
-        counted = wake_ups
+        woken = wake_ups
         await engine.resume()
-        return counted, [r for [r] in results]
+        return woken, [r for [r] in results]
 
     try:
         await engine.generate(request([1, 2], 6))  # compiles the grammar once

@@ -69,6 +69,10 @@ class _Pending:
     prompt_logprobs: list[PromptLogprob | None] | None = None
 
 
+# What a request is answered with: a result per choice, or why it failed.
+_Outcome = list[GenerationResult] | BaseException
+
+
 @dataclass
 class _Seq:
     """A sequence to prefill: its tokens, the adapter it runs with, and the KV blocks of its
@@ -188,7 +192,7 @@ class TransformersEngine(ServesAdapters):
         self._model_lock: asyncio.Lock | None = None
         self._paused = False
         # Requests that ended at this decode step, answered together (``_answer_finished``).
-        self._finished: list[tuple[_Pending, list[GenerationResult] | BaseException]] = []
+        self._finished: list[tuple[_Pending, _Outcome]] = []
         # Where decode steps spend their time, when a benchmark asks (``step_times``).
         self.step_times: StepTimes | None = None
         self._scheduler: asyncio.Task[None] | None = None
@@ -1387,9 +1391,7 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
-def _resolve_all(
-    finished: list[tuple[_Pending, list[GenerationResult] | BaseException]],
-) -> None:
+def _resolve_all(finished: list[tuple[_Pending, _Outcome]]) -> None:
     """Hand several requests their outcomes, one wake-up per event loop for all of them.
 
     Each ``call_soon_threadsafe`` writes to the loop's self-pipe, a system call that lets go
@@ -1407,42 +1409,32 @@ def _resolve_all(
         [[], []]
         >>> loop.close()
     """
-    by_loop: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, _Outcome]]] = {}
     for pending, outcome in finished:
-        by_loop.setdefault(pending.loop, []).append(_delivery(pending, outcome))
+        by_loop.setdefault(pending.loop, []).append((pending, outcome))
     try:
         running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
     except RuntimeError:
         running = None
-    for loop, deliveries in by_loop.items():
+    for loop, outcomes in by_loop.items():
         if loop is running:
-            _run_all(deliveries)
+            _deliver(outcomes)
         else:
-            loop.call_soon_threadsafe(_run_all, deliveries)
+            loop.call_soon_threadsafe(_deliver, outcomes)
 
 
-def _run_all(deliveries: list[Callable[[], None]]) -> None:
-    for deliver in deliveries:
-        deliver()
-
-
-def _delivery(
-    pending: _Pending, outcome: list[GenerationResult] | BaseException
-) -> Callable[[], None]:
-    """Set ``pending``'s future to ``outcome`` (on its loop), unless it is done already."""
-
-    def deliver() -> None:
+def _deliver(outcomes: list[tuple[_Pending, _Outcome]]) -> None:
+    """Set each request's future to its outcome (on its loop), unless it is done already."""
+    for pending, outcome in outcomes:
         if pending.future.done():
-            return
+            continue
         if isinstance(outcome, BaseException):
             pending.future.set_exception(outcome)
         else:
             pending.future.set_result(outcome)
 
-    return deliver
 
-
-def _resolve(pending: _Pending, outcome: list[GenerationResult] | BaseException) -> None:
+def _resolve(pending: _Pending, outcome: _Outcome) -> None:
     """Hand a result to the request's event loop from the worker thread (or the loop itself)."""
     _resolve_all([(pending, outcome)])
 
