@@ -409,10 +409,21 @@ def release_freed_memory(budget: int | None = None) -> bool:
     if limit is not None and resident_bytes() < TRIM_SHARE * limit:
         return False
     gc.collect()
+    return_freed_pages()
+    return True
+
+
+def return_freed_pages() -> None:
+    """Give the heap's free pages back to the system (glibc ``malloc_trim``; elsewhere
+    nothing): memory Python and torch freed stays resident otherwise, and counts against
+    every budget read from the process's resident size.
+
+    Example:
+        >>> return_freed_pages()
+    """
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6").malloc_trim(0)
-    return True
 
 
 # Python's full garbage collections walk every container object alive: ~400k made by the

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic
 from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator
 from typing_extensions import TypeVar
 
-from art_core.clients import async_openai_client
+from art_core.clients import SharedOpenAIClient, async_openai_client
 from art_core.names import check_name
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
@@ -69,6 +69,7 @@ class Model(BaseModel, Generic[ModelConfig]):
     inference_model_name: str | None = None
 
     _backend: Backend | None = PrivateAttr(default=None)
+    _shared_client: SharedOpenAIClient = PrivateAttr(default_factory=SharedOpenAIClient)
 
     @field_validator("name")
     @classmethod
@@ -111,13 +112,42 @@ class Model(BaseModel, Generic[ModelConfig]):
         return name if step is None else f"{name}@{step}"
 
     def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
-        """An ``openai.AsyncOpenAI`` client for this model's inference endpoint."""
+        """An ``openai.AsyncOpenAI`` client for this model's inference endpoint.
+
+        Without arguments, the same client on every call in one event loop, as OpenPipe
+        ART's (``SharedOpenAIClient``: rollouts that each ask for it share its connections,
+        so close it only when none uses it: ``close_openai_client``); with constructor
+        arguments (``timeout=``, ``max_retries=``, ...), a new client of the caller's own, to
+        close when done.
+
+        Example:
+            >>> judge = Model(name="judge", inference_base_url="http://127.0.0.1:8000/v1")
+            >>> judge.openai_client() is judge.openai_client()
+            True
+            >>> judge.openai_client(max_retries=0) is judge.openai_client()
+            False
+        """
 
         if self.inference_base_url is None:
             raise RuntimeError(f"model {self.name!r} has no inference_base_url (register it first)")
-        return async_openai_client(
-            self.inference_base_url, self.inference_api_key or "art", **kwargs
-        )
+        api_key = self.inference_api_key or "art"
+        if kwargs:
+            return async_openai_client(self.inference_base_url, api_key, **kwargs)
+        return self._shared_client.get(self.inference_base_url, api_key)
+
+    async def close_openai_client(self) -> None:
+        """Close the client ``openai_client()`` shares (its connections); the next call makes
+        a new one. Backends call it for their models when they close.
+
+        Example:
+            >>> judge = Model(name="judge", inference_base_url="http://127.0.0.1:8000/v1")
+            >>> client = judge.openai_client()
+            >>> import asyncio
+            >>> asyncio.run(judge.close_openai_client())
+            >>> client.is_closed(), judge.openai_client() is client
+            (True, False)
+        """
+        await self._shared_client.aclose()
 
     async def register(self, backend: Backend) -> None:
         """Register with ``backend`` (for a trainable model: load and serve it)."""

@@ -85,12 +85,13 @@ def wait_for_url(
 
     def read() -> None:
         assert process.stdout is not None
-        for line in process.stdout:
-            tail[:] = [*tail[-19:], line.rstrip()]
-            match = pattern.search(line)
-            if match and not found:
-                found.append(match.group(1))
-                ready.set()
+        with process.stdout as stdout:  # closed at the end, not left to the collector
+            for line in stdout:
+                tail[:] = [*tail[-19:], line.rstrip()]
+                match = pattern.search(line)
+                if match and not found:
+                    found.append(match.group(1))
+                    ready.set()
         ready.set()
 
     threading.Thread(target=read, daemon=True).start()

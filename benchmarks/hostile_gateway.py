@@ -30,7 +30,6 @@ import json
 import os
 import re
 import resource
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _children import spawn, stop
+from _children import LISTENING, spawn, stop
 from _machine import machine_line
 
 MODEL = "hostile"
@@ -108,13 +107,7 @@ class Target:
         return total
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _spawn_server(folder: Path, port: int) -> subprocess.Popen[bytes]:
+def _spawn_server(folder: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
 
     def common_fd_limit() -> None:  # 1024 open files, a common default
@@ -122,45 +115,55 @@ def _spawn_server(folder: Path, port: int) -> subprocess.Popen[bytes]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
 
     with open(folder / "serve.log", "wb") as log:
+        # Port 0: the server binds a free port itself and prints it. A port picked here and
+        # bound there could be taken in between by another process (another test's server),
+        # whose answers this script would then read as ours.
         return spawn(
-            [
-                sys.executable,
-                "-m",
-                "art_core.server.cli",
-                "--port",
-                str(port),
-                "--path",
-                str(folder),
-            ],
+            [sys.executable, "-m", "art_core.server.cli", "--port", "0", "--path", str(folder)],
             stdout=log,
             env=env,
             before_exec=common_fd_limit,
         )
 
 
+def log_text(log: Path, last: int = 6000) -> str:
+    """The last ``last`` characters of the server's log (a small file, read at once)."""
+    return log.read_text(errors="replace")[-last:]
+
+
+async def listening_url(process: subprocess.Popen[bytes], log: Path, timeout_s: float) -> str:
+    """The URL the server prints in its log once it listens; ``RuntimeError`` with the log
+    if it exits or says nothing within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = LISTENING.search(log_text(log, last=1 << 20))
+        if found:
+            return found.group(1)
+        if process.poll() is not None:
+            break
+        await asyncio.sleep(0.1)
+    state = "exited" if process.poll() is not None else f"said nothing in {timeout_s:.0f} s"
+    raise RuntimeError(f"art-core serve {state}:\n{log_text(log)}")
+
+
 async def start_server(folder: Path) -> Target:
-    port = free_port()
     # Spawned from the main thread, which lives as long as the server must (see _children).
-    process = _spawn_server(folder, port)
-    url = f"http://127.0.0.1:{port}"
+    process = _spawn_server(folder)
+    log = folder / "serve.log"
     try:
+        url = await listening_url(process, log, timeout_s=120)
         async with httpx.AsyncClient(timeout=5) as http:
-            for _ in range(600):
-                if process.poll() is not None:
-                    log = (folder / "serve.log").read_text()
-                    raise RuntimeError(f"art-core serve exited:\n{log}")
-                try:
-                    if (await http.get(f"{url}/health")).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(0.1)
             register = await http.post(
                 f"{url}/api/models/register",
                 json={"name": MODEL, "project": "hostile", "base_model": "tiny-random"},
                 timeout=300,
             )
-            register.raise_for_status()
+            if register.status_code != 200:
+                # The server's own reason (the body names it; its log has the traceback).
+                raise RuntimeError(
+                    f"registering {MODEL!r} answered {register.status_code}: "
+                    f"{register.text[:2000]}\n--- serve.log (tail) ---\n" + log_text(log)
+                )
     except BaseException:
         stop(process)
         raise

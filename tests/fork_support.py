@@ -110,8 +110,9 @@ class ForkServer:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.put(line.strip())
+        with self.process.stdout as stdout:  # closed at the end, not left to the collector
+            for line in stdout:
+                self.lines.put(line.strip())
 
     def _line(self, timeout: float) -> str:
         try:

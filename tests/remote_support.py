@@ -60,7 +60,6 @@ class ServerProcess:
         if self.token is not None:
             env["ART_CORE_TOKEN"] = self.token  # not on the command line
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log, "a")  # kept open for the process's lifetime
         limit = self.max_open_files
 
         def set_limits() -> None:
@@ -68,27 +67,29 @@ class ServerProcess:
                 _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
                 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
 
-        self.process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=env,
-            bufsize=1,
-            preexec_fn=set_limits if limit is not None else None,
-        )
+        with open(self.log, "a") as log:  # the child holds its own copy of the file
+            self.process = subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=env,
+                bufsize=1,
+                preexec_fn=set_limits if limit is not None else None,
+            )
         ready = threading.Event()
         process = self.process
 
         def read() -> None:
             # Drains stdout for the whole life of the process (a full pipe would block it).
             assert process.stdout is not None
-            for line in process.stdout:
-                self.stdout_lines.append(line.rstrip("\n"))
-                found = LISTENING.search(line)
-                if found:
-                    self.url = found.group(1)
-                    ready.set()
+            with process.stdout as stdout:  # closed at the end, not left to the collector
+                for line in stdout:
+                    self.stdout_lines.append(line.rstrip("\n"))
+                    found = LISTENING.search(line)
+                    if found:
+                        self.url = found.group(1)
+                        ready.set()
             ready.set()
 
         threading.Thread(target=read, daemon=True).start()

@@ -9,8 +9,9 @@ bucket (128 columns), ``n`` choices, a second turn whose prompt is the first tur
 answer (its prefix read from the KV the compiled step held), two checkpoints of one adapter
 (same targets and rank: served by the graphs compiled for the first, none added), and a
 batch whose rows use both checkpoints at once (decoded eagerly, then compiled again when one
-is left). Every token must be the eager engine's and every logprob within ``ATOL``. Each
-engine compiles into the test's own folder; no timing is asserted.
+is left). Every token must be the eager engine's and every logprob within ``ATOL``. The
+engines compile into the test run's shared cache (``shared_cache_home``: what another test
+compiled is loaded, not compiled again); no timing is asserted.
 """
 
 from __future__ import annotations
@@ -118,9 +119,9 @@ async def serve(folder: Path, adapters: list[Path], *, compiled: bool) -> dict[s
 
 @pytest.mark.slow
 async def test_compiled_engine_serves_what_the_eager_engine_serves(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_cache_home: Path
 ) -> None:
-    monkeypatch.setenv("ART_CORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ART_CORE_CACHE_DIR", str(shared_cache_home))
     folder = sharp_model_folder(tmp_path / "model")
     adapters = [tmp_path / "ckpt-1", tmp_path / "ckpt-2"]
     for seed, adapter in enumerate(adapters, start=1):

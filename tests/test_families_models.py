@@ -421,6 +421,31 @@ def test_gguf_file_converts_once_to_a_plain_float_folder(
     assert resolve_base_model(str(tiny_gguf)) != folder
 
 
+def test_a_gguf_conversion_reads_the_file_once(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reading a GGUF header is most of a conversion (a large vocabulary is parsed entry by
+    # entry): the check and transformers' three loads (config, tokenizer, weights) share one.
+    import gguf
+
+    opened: list[str] = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, path: Any, mode: str = "r") -> None:
+            opened.append(str(path))
+            super().__init__(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    monkeypatch.setenv("ART_CORE_MODELS_DIR", str(tmp_path / "models"))
+    folder = resolve_base_model(str(tiny_gguf))
+    assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+    assert opened == [str(tiny_gguf.resolve())]
+    assert gguf.GGUFReader is CountingReader  # put back after the conversion
+    other = tmp_path / "other.gguf"
+    other.write_bytes(tiny_gguf.read_bytes())
+    assert resolve_base_model(str(other)) != folder and len(opened) == 2
+
+
 def test_bad_gguf_files_are_refused_with_the_file_named(
     tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from remote_support import ServerProcess
-from ui_support import start_ui
+from ui_support import start_ui, stop_ui
 
 TOKEN = "hostile-T"
 BEARER = {"authorization": f"Bearer {TOKEN}"}
@@ -69,10 +69,8 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
         assert url.hostname is not None and url.port is not None
         yield Target("art-core ui", url.hostname, url.port, "")
     finally:
-        process.terminate()
-        process.wait(30)
-    assert process.stdout is not None
-    assert "Invalid HTTP header" not in process.stdout.read()  # its log, stderr included
+        log = stop_ui(process)
+    assert "Invalid HTTP header" not in log  # its log, stderr included
 
 
 @pytest.fixture(scope="module")

@@ -248,12 +248,13 @@ def serving(command: list[str] | str, env: dict[str, str], cwd: Path) -> Iterato
 
     def read() -> None:
         assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line.rstrip("\n"))
-            found = LISTENING.search(line)
-            if found and not port:
-                port.append(found.group(2))
-                ready.set()
+        with process.stdout as stdout:  # closed at the end, not left to the collector
+            for line in stdout:
+                lines.append(line.rstrip("\n"))
+                found = LISTENING.search(line)
+                if found and not port:
+                    port.append(found.group(2))
+                    ready.set()
         ready.set()
 
     threading.Thread(target=read, daemon=True).start()

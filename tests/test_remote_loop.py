@@ -129,6 +129,10 @@ async def test_hand_built_trajectories_are_matched_to_recorded_calls(
         )
     result = await model.train([art.TrajectoryGroup(trajectories)], config=TrainConfig())
     assert result.step == 1 and result.metrics["train/num_rollouts_trained"] == 3
+    # The client openai_client() shares is the model's until the backend closes it.
+    assert model.openai_client() is client
+    await backend.close()
+    assert client.is_closed()
 
 
 async def test_two_clients_training_one_model_are_serialized(server: ServerProcess) -> None:

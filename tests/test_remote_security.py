@@ -102,18 +102,21 @@ async def test_the_openai_client_needs_the_token_for_rollouts(server: ServerProc
     model = art.TrainableModel(name="guarded", project="sec", base_model="tiny-random")
     backend = server.backend()
     await model.register(backend)
-    wrong = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
-    with pytest.raises(openai.AuthenticationError):
-        await wrong.chat.completions.create(
-            model="guarded", messages=[{"role": "user", "content": "hi"}], max_tokens=2
-        )
+    async with openai.AsyncOpenAI(
+        base_url=f"{server.url}/v1", api_key="wrong", max_retries=0
+    ) as wrong:
+        with pytest.raises(openai.AuthenticationError):
+            await wrong.chat.completions.create(
+                model="guarded", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
     async with art.capture(model) as run:  # the token is the rollout's API key
         await run.openai_client().chat.completions.create(
             model=run.model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
         )
     assert len(run.trajectory().calls) == 1
-    with pytest.raises(RemoteAuthError):
-        await art.RemoteBackend(server.url, token="wrong").register(model)
+    async with art.RemoteBackend(server.url, token="wrong") as wrong_backend:
+        with pytest.raises(RemoteAuthError):
+            await wrong_backend.register(model)
     await backend.close()
 
 
@@ -126,9 +129,11 @@ async def test_anthropic_clients_send_the_token_as_x_api_key(server: ServerProce
     backend = server.backend()
     await model.register(backend)
     message = {"role": "user", "content": "hi"}
-    wrong = anthropic.AsyncAnthropic(base_url=server.url, api_key="wrong", max_retries=0)
-    with pytest.raises(anthropic.AuthenticationError) as refused:
-        await wrong.messages.create(model=model.name, messages=[message], max_tokens=2)
+    async with anthropic.AsyncAnthropic(
+        base_url=server.url, api_key="wrong", max_retries=0
+    ) as wrong:
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            await wrong.messages.create(model=model.name, messages=[message], max_tokens=2)
     assert refused.value.body["type"] == "error"
     assert refused.value.body["error"]["type"] == "authentication_error"
     async with art.capture(model) as run:  # the token is the rollout's API key

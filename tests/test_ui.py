@@ -15,7 +15,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from remote_support import ServerProcess
-from ui_support import GROUP_SIZE, PROMPTS, ViewerServer, start_ui, train_steps
+from ui_support import GROUP_SIZE, PROMPTS, ViewerServer, start_ui, stop_ui, train_steps
 
 import art_core as art
 from art_core.diagnoses import diagnose
@@ -416,8 +416,7 @@ def test_cli_serves_the_folder_and_needs_a_token_off_loopback(
         runs = httpx.get(f"{url}api/runs", timeout=30).json()["runs"]
         assert ("ui", "ui-agent") in {(r["project"], r["name"]) for r in runs}
     finally:
-        process.terminate()
-        process.wait(30)
+        stop_ui(process)
     process, lines = start_ui([str(art_path), "--host", "0.0.0.0"])
     try:
         url = lines[-1].removeprefix("art-core ui: open ")
@@ -428,8 +427,7 @@ def test_cli_serves_the_folder_and_needs_a_token_off_loopback(
         headers = {"authorization": f"Bearer {token}"}
         assert httpx.get(f"{local}api/runs", headers=headers, timeout=30).status_code == 200
     finally:
-        process.terminate()
-        process.wait(30)
+        stop_ui(process)
     missing = subprocess.run(
         [sys.executable, "-m", "art_core.cli", "ui", str(art_path / "nowhere")],
         capture_output=True,

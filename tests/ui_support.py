@@ -115,3 +115,15 @@ def start_ui(args: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
             return process, lines
     process.wait(10)
     raise AssertionError("art-core ui did not start:\n" + "\n".join(lines))
+
+
+def stop_ui(process: subprocess.Popen[str]) -> str:
+    """SIGTERM ``art-core ui`` and wait for it: what it printed after starting (its log,
+    stderr included), its pipe read to the end and closed."""
+    process.terminate()
+    try:
+        rest, _ = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        rest, _ = process.communicate()
+    return rest

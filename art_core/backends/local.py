@@ -34,7 +34,7 @@ from art_core.gateway.app import Gateway, ServedModel
 from art_core.gateway.server import GatewayServer
 from art_core.gateway.store import CallStore, open_call_store
 from art_core.matching import attach_recorded_calls
-from art_core.memory import collect_frozen, freeze_heap
+from art_core.memory import collect_frozen, freeze_heap, return_freed_pages
 from art_core.metrics import hooks as metric_hooks
 from art_core.model_folder import ModelFolder
 from art_core.names import check_name
@@ -823,27 +823,35 @@ class LocalBackend(BackendBase):
     # ------------------------------------------------------------------------------ shutdown
     async def close(self) -> None:
         """Stop serving: finish queued work, close engines, stores and the gateway."""
-        stores = []
-        for entry in self._models.values():
-            try:
-                await self.server.call(entry.served.engine.close())
-            except RuntimeError:
-                pass
-            stores.append(entry.served.store)
-            if entry.trainer is not None and self.training_world is not None:
-                await asyncio.to_thread(entry.trainer.unload)  # the rank processes
-            entry.torch_thread.shutdown(wait=False)
-            if entry.train_thread is not None:
-                entry.train_thread.shutdown(wait=False)
+        # A comprehension, not a loop: a loop's variable would keep the last model's engine
+        # alive through the collection below, which would then freeze it again (its weights,
+        # held by cycles, resident until some later collection).
+        stores = [await self._close_model(entry) for entry in self._models.values()]
         self._models.clear()
         self.gateway.models.clear()
         collect_frozen()  # the engines' (frozen) objects that only cycles keep
+        return_freed_pages()  # their weights, back to the system now, not at some later trim
         if self._started:
             await asyncio.to_thread(self.server.stop)
             self._started = False
         # Stores close last: a call answered while the engines closed is still recorded.
         for store in stores:
             await asyncio.to_thread(store.close)
+
+    async def _close_model(self, entry: _Registered) -> CallStore:
+        """Close one model's engine, training ranks and threads, and the client its
+        ``openai_client()`` shares; its store (closed last)."""
+        await entry.model.close_openai_client()
+        try:
+            await self.server.call(entry.served.engine.close())
+        except RuntimeError:
+            pass
+        if entry.trainer is not None and self.training_world is not None:
+            await asyncio.to_thread(entry.trainer.unload)  # the rank processes
+        entry.torch_thread.shutdown(wait=False)
+        if entry.train_thread is not None:
+            entry.train_thread.shutdown(wait=False)
+        return entry.served.store
 
 
 def history_record(

@@ -138,6 +138,8 @@ class RemoteBackend(BackendBase):
         self.on_progress = on_progress
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+        # The models registered through this backend: their shared clients close with it.
+        self._registered: dict[tuple[str, str], TrainableModel] = {}
 
     async def __aenter__(self) -> RemoteBackend:
         return self
@@ -225,6 +227,7 @@ class RemoteBackend(BackendBase):
         model.inference_base_url = self.base_url
         model.inference_api_key = self.token or model.inference_api_key or "art-remote"
         model.inference_model_name = str(info.get("inference_model_name") or model.name)
+        self._registered[(model.project, model.name)] = model
 
     # ------------------------------------------------------------------------------ capture
     async def rollout_calls(
@@ -596,7 +599,11 @@ class RemoteBackend(BackendBase):
         )
 
     async def close(self) -> None:
-        """Close the HTTP connections (the server and its models keep running)."""
+        """Close the HTTP connections, the registered models' shared clients' too (the
+        server and its models keep running)."""
+        registered, self._registered = list(self._registered.values()), {}
+        for model in registered:
+            await model.close_openai_client()
         if self._client is not None:
             client, self._client = self._client, None
             try:

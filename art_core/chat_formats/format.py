@@ -15,6 +15,7 @@ from typing import Any
 from art_core.chat_formats.answer import ParsedAnswer
 from art_core.chat_formats.bare_json import BARE_JSON_OPENINGS, lenient_calls
 from art_core.chat_formats.base import ToolCallFormat, tool_index
+from art_core.chat_formats.decoding import TextStream
 from art_core.chat_formats.hermes import HermesFormat
 from art_core.chat_formats.markup import Markup
 from art_core.chat_formats.reasoning import ThinkTags
@@ -67,6 +68,10 @@ class ChatFormat:
     def decode(self, ids: Sequence[int], *, parses_tools: bool) -> str:
         """The text of sampled ``ids`` as the parser reads it."""
         return self.markup.decode(ids, keep_markup=self.keeps_markup(parses_tools))
+
+    def text_stream(self, *, parses_tools: bool) -> TextStream:
+        """``decode``'s text of sampled ids that come a few at a time (a streamed answer)."""
+        return self.markup.text_stream(keep_markup=self.keeps_markup(parses_tools))
 
     def opened_reasoning(self, prompt_ids: Sequence[int]) -> bool:
         """Whether the prompt ends inside a reasoning block (the answer starts in it)."""

@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from art_core.chat_formats.decoding import decode_ids
+from art_core.chat_formats.decoding import TextStream, decode_ids
 
 
 class Markup:
@@ -65,3 +65,9 @@ class Markup:
             return decode_ids(self.tokenizer, ids, skip_special_tokens=True)
         kept = [i for i in ids if i not in self._dropped]
         return decode_ids(self.tokenizer, kept, skip_special_tokens=False)
+
+    def text_stream(self, *, keep_markup: bool) -> TextStream:
+        """``decode``'s text of ids that come a few at a time (a streamed answer)."""
+        if not keep_markup or not self.keeps_special:
+            return TextStream(self.tokenizer, skip_special_tokens=True)
+        return TextStream(self.tokenizer, skip_special_tokens=False, dropped=self._dropped)

@@ -22,9 +22,15 @@ from pathlib import Path
 from filelock import FileLock
 
 from art_core.embedded.families import FAMILIES, build_tiny_family, family_fingerprint
-from art_core.embedded.gguf import check_gguf, convert_gguf, gguf_model_name, is_gguf_name
+from art_core.embedded.gguf import (
+    convert_gguf,
+    gguf_model_name,
+    is_gguf_name,
+    read_gguf,
+)
 from art_core.embedded.smollm2 import convert_smollm2
 from art_core.embedded.tiny_random import build_tiny_random
+from art_core.memory import return_freed_pages
 
 EMBEDDED_MODELS: dict[str, Callable[[Path], None]] = {
     "smollm2-135m": convert_smollm2,
@@ -97,6 +103,9 @@ def _build_once(target: Path, build: Callable[[Path], None], fingerprint: str = 
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
             build(staging)
+            # A build holds whole models in memory (a GGUF conversion: the de-quantized one,
+            # ~2 GB for a 0.5B); freed now, their pages go back rather than stay resident.
+            return_freed_pages()
             (staging / _COMPLETE_MARKER).write_text(fingerprint + "\n")
             if target.exists():
                 shutil.rmtree(target)
@@ -149,10 +158,12 @@ def _resolve(name: str, art_path: str | Path = ".art") -> Path:
         target = models_dir(art_path) / gguf_model_name(source)
         if _is_complete(target, "ok"):
             return target.resolve()
-        check_gguf(source)  # a bad file fails here, before any folder or lock is made
+        # A bad file fails here, before any folder or lock is made; the conversion reuses
+        # what was read (the header of a large vocabulary takes seconds to read).
+        _, reader = read_gguf(source)
 
         def convert(folder: Path) -> None:
-            convert_gguf(source, folder)
+            convert_gguf(source, folder, reader=reader)
 
         return _build_once(target, convert)
     folder = Path(name).expanduser()

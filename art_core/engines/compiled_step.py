@@ -70,7 +70,7 @@ which building a compiled step sets. It is bounded: when a step is built, the ol
 on 2 cores: ~28 s with an empty cache); a later process finds the graph in the cache and
 pays dynamo's trace and the cache's load (~5 s; ``benchmarks/compiled_decode.py`` measures
 both). The test suite compiles: ``tests/test_compiled_step.py`` (marked ``slow``) compiles
-tiny-random, into each test's own temporary folder.
+tiny-random, into a cache folder its run's tests share (``shared_cache_home``).
 
 **LoRA adapters.** Nothing is frozen into the graph (no ``inductor.config.freezing``): base
 weights, packed weights and adapter factors are graph inputs, read at every call. A new forward

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from art_core.chat_formats import ChatFormat, ParsedAnswer
-from art_core.chat_formats.decoding import decode_ids
+from art_core.chat_formats.decoding import TextStream, decode_ids
 from art_core.chat_formats.format import safe_before
 from art_core.engines.base import GenerationResult, SamplingParams
 
@@ -68,11 +68,17 @@ class ChoiceAnswer:
 
 
 class AnswerReader(Protocol):
-    """Reads a choice's ids: ``streamed`` while sampling, ``answer`` once done."""
+    """Reads a choice's ids: ``text_stream`` and ``streamed`` while sampling, ``answer``
+    once done."""
 
-    def streamed(self, call: ReadCall, ids: list[int]) -> dict[str, str | None] | None:
-        """The text fields of the ids sampled so far (``reasoning_content``, ``content``),
-        holding back what may still change; None while they end inside a character."""
+    def text_stream(self, call: ReadCall) -> TextStream:
+        """The text of a choice's ids as they are sampled, as ``streamed`` reads it."""
+        ...
+
+    def streamed(self, call: ReadCall, text: str) -> dict[str, str | None] | None:
+        """The text fields of the text sampled so far (``text_stream``'s: reasoning_content,
+        content), holding back what may still change; None while it ends inside a
+        character."""
         ...
 
     def answer(self, call: ReadCall, result: GenerationResult) -> ChoiceAnswer:
@@ -91,13 +97,14 @@ class ChatFormatReader:
         'assistant'
     """
 
-    def streamed(self, call: ReadCall, ids: list[int]) -> dict[str, str | None] | None:
-        chat_format = call.served.chat.format
-        decoded = chat_format.decode(ids, parses_tools=call.parses_tools)
-        if decoded.endswith("\ufffd"):
+    def text_stream(self, call: ReadCall) -> TextStream:
+        return call.served.chat.format.text_stream(parses_tools=call.parses_tools)
+
+    def streamed(self, call: ReadCall, text: str) -> dict[str, str | None] | None:
+        if text.endswith("\ufffd"):
             return None  # an incomplete UTF-8 sequence: wait for the next token
-        reasoning, content = chat_format.stream_split(
-            safe_before(decoded, [s for s in call.params.stop if s]),
+        reasoning, content = call.served.chat.format.stream_split(
+            safe_before(text, [s for s in call.params.stop if s]),
             parses_tools=call.parses_tools,
             opened_reasoning=call.opened_reasoning,
         )
@@ -142,11 +149,13 @@ class RawTextReader:
     def text(self, call: ReadCall, ids: list[int]) -> str:
         return decode_ids(call.served.tokenizer, ids, skip_special_tokens=self.skip_special)
 
-    def streamed(self, call: ReadCall, ids: list[int]) -> dict[str, str | None] | None:
-        decoded = self.text(call, ids)
-        if decoded.endswith("\ufffd"):
+    def text_stream(self, call: ReadCall) -> TextStream:
+        return TextStream(call.served.tokenizer, skip_special_tokens=self.skip_special)
+
+    def streamed(self, call: ReadCall, text: str) -> dict[str, str | None] | None:
+        if text.endswith("\ufffd"):
             return None  # an incomplete UTF-8 sequence: wait for the next token
-        return {"content": safe_before(decoded, call.params.stop)}
+        return {"content": safe_before(text, call.params.stop)}
 
     def answer(self, call: ReadCall, result: GenerationResult) -> ChoiceAnswer:
         text = self.text(call, result.token_ids)

@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from art_core.chat_formats.decoding import TextStream
 from art_core.gateway.pacing import StreamPacing
 from art_core.gateway.recording import sample_and_record
 from art_core.gateway.relay import TokenInbox
@@ -97,7 +98,7 @@ async def sampled_deltas(
 
     The first deltas come as soon as they are sampled; after each batch it yields, it waits
     ``pacing``'s interval (None: no wait) and then takes every token sampled meanwhile
-    together: each choice's text is decoded once per batch, and the batch's deltas come as
+    together: each new id is decoded once (``TextStream``), and the batch's deltas come as
     one list (one write to the client). ``Recorded`` comes as soon as every call is
     recorded.
 
@@ -124,7 +125,9 @@ async def sampled_deltas(
     for task in tasks:
         task.add_done_callback(finished)
     with pacing.stream() if pacing is not None else contextlib.nullcontext():
-        sampled: dict[tuple[int, int], list[int]] = {}
+        # Each choice's text, its ids decoded once each as they come (not the whole again
+        # at every write: a long stream would cost its length squared).
+        sampled: dict[tuple[int, int], TextStream] = {}
         while True:
             relay.collect()
             items = inbox.take()
@@ -136,11 +139,13 @@ async def sampled_deltas(
                 continue
             touched: dict[tuple[int, int], None] = {}  # in arrival order
             for i, choice, ids in items:
-                sampled.setdefault((i, choice), []).extend(ids)
+                if (i, choice) not in sampled:
+                    sampled[(i, choice)] = calls[i].reader.text_stream(calls[i])
+                sampled[(i, choice)].extend(ids)
                 touched[(i, choice)] = None
             deltas = []
             for i, choice in touched:
-                now = calls[i].reader.streamed(calls[i], sampled[(i, choice)])
+                now = calls[i].reader.streamed(calls[i], sampled[(i, choice)].text)
                 if now is not None:
                     deltas += texts[i].advance(choice, now)
             if deltas:

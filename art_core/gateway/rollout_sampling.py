@@ -86,6 +86,29 @@ class RolloutSampling(BaseModel):
         digest = hashlib.blake2b(f"{self.seed}:{index}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "big") >> 2
 
+    def for_run(self, *keys: int) -> RolloutSampling:
+        """These settings for one run among many given them: the seed (when there is one)
+        mixed with ``keys`` (a group's index, a run's index...), so that the runs differ,
+        and the same keys give the same seed again.
+
+        Example:
+            >>> base = RolloutSampling(seed=7, temperature=1.0)
+            >>> [base.for_run(i).seed for i in range(3)]
+            [7000021, 7000022, 7000023]
+            >>> RolloutSampling(temperature=1.0).for_run(1).seed is None
+            True
+        """
+        if self.seed is None:
+            return self
+        seed = self.seed
+        for key in keys:
+            seed = (seed * 1_000_003 + key) % RUN_SEED_RANGE
+        return self.model_copy(update={"seed": seed})
+
+
+# Seeds ``for_run`` gives: non-negative, 62 bits (a call's ``seed + i`` stays in 64).
+RUN_SEED_RANGE = 2**62
+
 
 def apply_rollout_sampling(
     sampling: RolloutSampling | None,

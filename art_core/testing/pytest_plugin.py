@@ -21,6 +21,9 @@ What it gives:
 - session fixtures ``art_path`` (a temporary ``.art`` folder), ``backend`` (a
   ``LocalBackend`` there) and ``tiny_model`` (``tiny-random`` registered on it);
 - ``register_tiny_model(backend, name, project)`` for a suite's own model on that backend;
+- ``shared_cache_home``: an art_core cache folder (for ``$ART_CORE_CACHE_DIR``) shared by
+  every test of the run, on every xdist worker, under pytest's temporary folder: what one test
+  compiled (inductor's cache, ``compile_cache_dir()``) the next finds there;
 - ``judge_server`` (one ``StandInJudge`` for the session) and ``judge`` (that judge, reset for
   the test, with RULER's cache in the test's temporary folder and no judge endpoint or key from
   the machine's environment: ``OPENAI_*`` and the provider variables of LiteLLM ids).
@@ -105,6 +108,25 @@ async def backend(art_path: Path) -> AsyncIterator[art.LocalBackend]:
 async def tiny_model(backend: art.LocalBackend) -> art.TrainableModel:
     """``tiny-random`` (name ``tiny``, project ``tests``) served by ``backend``."""
     return await register_tiny_model(backend, "tiny", "tests")
+
+
+@pytest.fixture(scope="session")
+def shared_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An art_core cache folder for every test of this run, on every xdist worker (their
+    temporary folders share a parent): a compiled decode step one test built, another test
+    loads from inductor's cache instead of compiling it again (tiny-random's graphs: 50 s
+    cold, 14 s warm for the compiled engine's test). Tests of the cache's own behaviour
+    (its location, its bound) use their ``tmp_path``.
+
+    Example:
+        >>> def test_compiles(shared_cache_home, monkeypatch):  # fragment: a test, run by pytest with the plugin  # doctest: +SKIP
+        ...     monkeypatch.setenv("ART_CORE_CACHE_DIR", str(shared_cache_home))
+    """
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = root / "art-core-cache"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture(scope="session")

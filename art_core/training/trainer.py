@@ -581,10 +581,15 @@ class Trainer:
             return process_memory.process_memory_budget().bytes
         return resolve_memory_budget(config.memory_budget).bytes
 
-    def _memory_in_use(self) -> int:
-        """What the process (on CUDA: the device) holds now: the step starts from there."""
+    def _memory_in_use(self, config: TrainingSettings) -> int:
+        """What the process (on CUDA: the device) holds now: the step starts from there.
+        On the host, memory freed before the step (a closed backend's model, a GGUF
+        conversion's copy) but still resident would count as held and could refuse a
+        sequence that fits: it goes back to the system first when the process is past
+        ``TRIM_SHARE`` of its budget."""
         if self.device.type == "cuda":
             return int(torch.cuda.memory_allocated(self.device))
+        release_freed_memory(self._host_budget(config))
         return resident_bytes()
 
     def _plan_memory(
@@ -630,7 +635,7 @@ class Trainer:
             max_tokens_per_batch=config.max_tokens_per_batch,
             gradient_checkpointing=checkpointing,
             costs=costs,
-            in_use=self._memory_in_use(),
+            in_use=self._memory_in_use(config),
             fixed=fixed,
         )
         self._set_checkpointing(plan.checkpointing)

@@ -36,7 +36,8 @@ HERE = Path(__file__).resolve().parent
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    # The docstring's first paragraph, its lines joined (the first line alone ends mid-sentence).
+    parser = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].split()))
     parser.add_argument(
         "--agent", default="codex", help="codex | claude | opencode | a path to your own agent"
     )
@@ -56,6 +57,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--timeout-s", type=float, default=180.0, help="per run of the agent")
     parser.add_argument(
+        "--max-calls",
+        type=int,
+        default=None,
+        help=(
+            f"stop a run {cli.Limits.settle_s:g} s after its N-th model call was answered "
+            f"(default: {CODEX_MAX_CALLS} for codex, which has no turn bound of its own; none "
+            "for the others, bounded by their turns)"
+        ),
+    )
+    parser.add_argument(
         "--max-concurrent-groups", type=int, default=None, help="tasks run at once (all)"
     )
     parser.add_argument("--seed", type=int, default=0, help="the task order and every run's seed")
@@ -71,8 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the agents' own system prompts (2-5k tokens) instead of the small-model ones",
     )
     args = parser.parse_args(argv)
-    for flag in ("steps", "groups_per_step", "val_rollouts"):
-        if getattr(args, flag) < 1:
+    for flag in ("steps", "groups_per_step", "val_rollouts", "max_calls"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.rollouts_per_group < 2:
         parser.error("--rollouts-per-group must be at least 2 (GRPO compares a task's runs)")
@@ -96,8 +107,8 @@ def npm_binary(name: str) -> str:
 def make_agent(choice: str, own_prompts: bool = False) -> cli.CLIAgent:
     """The agent ``--agent`` names: with its system prompt for small models (a few sentences
     naming its tools, in place of its own 2-5k tokens) unless ``own_prompts``, a bound on its
-    turns where it has one (Codex has none: its time limit stops it), and every answer capped
-    so that a run cannot write until the context is full."""
+    turns where it has one (Codex has none: ``run_limits`` bounds its calls), and every answer
+    capped so that a run cannot write until the context is full."""
     if choice == "codex":
         prompt = None if own_prompts else cli.CODEX_SMALL_MODEL_PROMPT
         return cli.codex(npm_binary("codex"), system_prompt=prompt)
@@ -116,6 +127,20 @@ def make_agent(choice: str, own_prompts: bool = False) -> cli.CLIAgent:
         raise SystemExit(f"--agent {choice}: not codex, claude, opencode, nor a file")
     argv = [sys.executable] if program.suffix == ".py" else []
     return cli.CLIAgent(program.stem, [*argv, str(program.resolve()), "${prompt}"])
+
+
+# Codex CLI has no turn bound, and a small model rarely ends a run by itself: without a bound
+# in calls each run would last until --timeout-s, and how far it got would depend on how fast
+# the machine served it. Four calls, as the other agents' four turns.
+CODEX_MAX_CALLS = 4
+
+
+def run_limits(args: argparse.Namespace) -> cli.Limits:
+    """Each run's limits: ``--timeout-s``, and ``--max-calls`` (for codex, 4 by default)."""
+    max_calls = args.max_calls
+    if max_calls is None and args.agent == "codex":
+        max_calls = CODEX_MAX_CALLS
+    return cli.Limits(timeout_s=args.timeout_s, max_calls=max_calls)
 
 
 def base_model(args: argparse.Namespace) -> str:
@@ -145,7 +170,7 @@ async def train_on(args: argparse.Namespace, backend: art.LocalBackend) -> cli.T
         rollouts_per_group=args.rollouts_per_group,
         val_rollouts_per_task=args.val_rollouts,
         config=art.TrainConfig(learning_rate=args.learning_rate),
-        limits=cli.Limits(timeout_s=args.timeout_s),
+        limits=run_limits(args),
         seed=args.seed,
         sampling=art.RolloutSampling(seed=args.seed, temperature=args.temperature),
         errlog=sys.stderr,

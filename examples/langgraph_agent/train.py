@@ -38,6 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64, help="per model call")
     parser.add_argument(
+        "--seed",
+        type=int,
+        help="seed the rollouts (each its own seed, derived from this one): a rerun replays them",
+    )
+    parser.add_argument(
         "--free-first-turn",
         action="store_true",
         help="let the model decide whether to call a tool on its first turn (tool_choice=auto)",
@@ -71,7 +76,8 @@ async def main(args: argparse.Namespace) -> list[float]:
             logs=[transcript(state["messages"])],
         )
 
-    rollout = art_langgraph.wrap_rollout(model, run_agent)
+    sampling = art.RolloutSampling(seed=args.seed) if args.seed is not None else None
+    rollout = art_langgraph.wrap_rollout(model, run_agent, sampling=sampling)
     pool = scenarios()
     means: list[float] = []
     started = time.time()

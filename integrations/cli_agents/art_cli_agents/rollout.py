@@ -21,6 +21,7 @@ inference engine's prefix cache shares them. Elsewhere it sees their real paths.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import shutil
@@ -45,8 +46,6 @@ from art_cli_agents.sandbox import (
 
 # Kept in the trajectory's logs: the end of the agent's and the check's output.
 LOG_TAIL_CHARS = 4000
-# Seeds derived for runs stay within a chat request's range (signed 64-bit).
-SEED_RANGE = 2**62
 
 
 @dataclass(frozen=True)
@@ -94,12 +93,7 @@ def run_sampling(sampling: art.RolloutSampling | None, *keys: int) -> art.Rollou
         >>> run_sampling(art.RolloutSampling(temperature=1.0), 1).seed is None
         True
     """
-    if sampling is None or sampling.seed is None:
-        return sampling
-    seed = sampling.seed
-    for key in keys:
-        seed = (seed * 1_000_003 + key) % SEED_RANGE
-    return sampling.model_copy(update={"seed": seed})
+    return None if sampling is None else sampling.for_run(*keys)
 
 
 def reward_of(check: ProcessResult | None) -> float:
@@ -170,7 +164,8 @@ async def rollout(
     sampling: art.RolloutSampling | None = None,
 ) -> art.Trajectory:
     """Run ``agent`` once on ``task`` against ``model`` and return the scored trajectory
-    (see the module). Metrics: ``exit_code`` (-1 when killed by the timeout), ``timed_out``,
+    (see the module). Metrics: ``exit_code`` (-1 when killed by the timeout or stopped),
+    ``timed_out``, ``stopped_after_calls`` (ended by ``limits.max_calls``),
     ``agent_seconds``, ``output_bytes``, ``check_exit_code``, ``network_isolated``,
     ``filesystem_isolated``, ``processes_killed`` (the agent's processes still alive when it
     ended or timed out, all killed), ``process_limit`` (0: none). Its second log line says
@@ -209,19 +204,32 @@ async def rollout(
                 **rollout_env,
                 **agent.environment(values),
             }
-            result = await run_sandboxed(
-                agent.command(values),
-                cwd=folders.work,
-                env=env,
-                limits=limits,
-                timeout_s=limits.timeout_s,
-                network=network,
-                gateway=_gateway_address(run.base_url),
-                scratch=scratch,
-                filesystem=filesystem,
-                writable=folders.writable,
-                seen_at=folders.seen_at,
+            stop = asyncio.Event()
+            watcher = (
+                asyncio.create_task(_stop_after_calls(run, limits, stop))
+                if limits.max_calls is not None
+                else None
             )
+            try:
+                result = await run_sandboxed(
+                    agent.command(values),
+                    cwd=folders.work,
+                    env=env,
+                    limits=limits,
+                    timeout_s=limits.timeout_s,
+                    network=network,
+                    gateway=_gateway_address(run.base_url),
+                    scratch=scratch,
+                    filesystem=filesystem,
+                    writable=folders.writable,
+                    seen_at=folders.seen_at,
+                    stop=stop,
+                )
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await watcher
         check = await _run_check(task, folders, limits, network=network, filesystem=filesystem)
         command = shlex.join(agent.command({**values, "prompt": "<prompt>"}))
         return run.trajectory(
@@ -231,6 +239,21 @@ async def rollout(
         )
     finally:
         await asyncio.to_thread(shutil.rmtree, scratch, True)
+
+
+# How often a run with ``Limits.max_calls`` asks how many of its calls were answered.
+_CALLS_POLL_S = 0.5
+
+
+async def _stop_after_calls(run: art.Run, limits: Limits, stop: asyncio.Event) -> None:
+    """Set ``stop`` ``limits.settle_s`` after the run's ``limits.max_calls``-th call was
+    answered (recorded by the gateway)."""
+    assert limits.max_calls is not None
+    # No event says a call was recorded (the backend may be remote): asked, not told.
+    while len(await run.fetch_calls()) < limits.max_calls:  # noqa: ASYNC110
+        await asyncio.sleep(_CALLS_POLL_S)
+    await asyncio.sleep(limits.settle_s)
+    stop.set()
 
 
 @dataclass(frozen=True)
@@ -304,6 +327,12 @@ async def _run_check(
     )
 
 
+def _how_it_ended(result: ProcessResult) -> str:
+    if result.stopped:
+        return "stopped after its last call (Limits.max_calls)"
+    return "timed out" if result.timed_out else "ended"
+
+
 def _run_logs(
     command: str, result: ProcessResult, check: ProcessResult | None, folders: _RunFolders
 ) -> list[str]:
@@ -311,7 +340,7 @@ def _run_logs(
     output and of the check's."""
     logs = [
         f"$ {command}",
-        f"exit: {result.exit_code} ({'timed out' if result.timed_out else 'ended'}) after "
+        f"exit: {result.exit_code} ({_how_it_ended(result)}) after "
         f"{result.seconds:.1f} s; network {result.network}; filesystem {result.filesystem} "
         f"(cwd {folders.seen_work}, HOME {folders.seen_home}); {result.processes_killed} "
         "processes left, killed",
@@ -330,6 +359,7 @@ def _run_metrics(
     return {
         "exit_code": -1 if result.exit_code is None else result.exit_code,
         "timed_out": result.timed_out,
+        "stopped_after_calls": result.stopped,
         "agent_seconds": result.seconds,
         "output_bytes": result.output_bytes,
         "check_exit_code": -1 if check is None or check.exit_code is None else check.exit_code,

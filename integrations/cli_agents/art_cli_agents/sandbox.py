@@ -70,17 +70,28 @@ class Limits:
     each of stdout and stderr is kept (the rest is read and dropped, so a chatty agent never
     blocks on a full pipe nor grows memory); ``max_processes``: processes and threads alive
     at once, where the kernel bounds them per PID namespace (Linux 6.14+, isolated runs): a
-    fork fails beyond a number between it and it + 300 (None: no bound).
+    fork fails beyond a number between it and it + 300 (None: no bound); ``max_calls``: the
+    run is stopped (killed like a timed-out one, but not counted as timed out) ``settle_s``
+    seconds after its ``max_calls``-th model call was answered, time to act on that answer
+    (run the tools it asked for): a bound in turns for agents that have none of their own
+    (Codex CLI), so that how far a run gets does not depend on the machine's speed (None:
+    no bound).
     """
 
     timeout_s: float = 600.0
     check_timeout_s: float = 120.0
     max_output_bytes: int = 256 * 1024
     max_processes: int | None = 4096
+    max_calls: int | None = None
+    settle_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0 or not self.check_timeout_s > 0:
             raise ValueError("timeouts must be positive")
+        if self.max_calls is not None and self.max_calls < 1:
+            raise ValueError("max_calls must be >= 1 (or None)")
+        if not self.settle_s >= 0:
+            raise ValueError("settle_s must be >= 0")
         if self.max_output_bytes < 0:
             raise ValueError("max_output_bytes must be >= 0")
         if self.max_processes is not None and self.max_processes < 1:
@@ -89,12 +100,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class ProcessResult:
-    """How a sandboxed command ended: exit status (None when killed by the timeout; minus
-    the signal when a signal ended it), the kept tail of its output, how much it wrote in
-    all, the network and filesystem it had, how many of its processes were still alive
-    when it ended or its time ran out (all killed; itself included when it timed out; only
-    those left in its process group where it was not isolated), and the bound on its
-    processes and threads (None: none)."""
+    """How a sandboxed command ended: exit status (None when killed by the timeout or
+    stopped; minus the signal when a signal ended it), the kept tail of its output, how much
+    it wrote in all, the network and filesystem it had, how many of its processes were still
+    alive when it ended or its time ran out (all killed; itself included when it timed out;
+    only those left in its process group where it was not isolated), the bound on its
+    processes and threads (None: none), and whether the caller stopped it (``stop``)."""
 
     exit_code: int | None
     timed_out: bool
@@ -106,6 +117,7 @@ class ProcessResult:
     filesystem: Literal["isolated", "open"] = "open"
     processes_killed: int = 0
     process_limit: int | None = None
+    stopped: bool = False
 
 
 @functools.cache
@@ -342,6 +354,7 @@ async def run_sandboxed(
     writable: Sequence[Path] | None = None,
     seen_at: Mapping[Path, Path] | None = None,
     readable: Sequence[Path] = (),
+    stop: asyncio.Event | None = None,
 ) -> ProcessResult:
     """Run ``argv`` in ``cwd`` with exactly ``env``; see the module. ``gateway``: the one
     address reachable from an isolated network (none when None); ``scratch``: where the
@@ -356,6 +369,7 @@ async def run_sandboxed(
     private ``/tmp`` would hide them. ``network`` or ``filesystem`` ``"isolated"`` fails
     (RuntimeError) where that isolation is not possible; ``"auto"`` falls back to open.
     RuntimeError too when the sandbox could not confine the run (the command never ran).
+    ``stop``: once set, the command is ended as on a timeout (``stopped`` in the result).
 
     Example:
         >>> result = await run_sandboxed(["ls"], cwd=Path("."), env={}, limits=Limits(), timeout_s=5)
@@ -383,7 +397,7 @@ async def run_sandboxed(
     process = await _start(launch, cwd, _command_environment(env, launched=isolated))
     readers = asyncio.gather(stdout.drain(process.stdout), stderr.drain(process.stderr))
     try:
-        timed_out = await _timed_out(process, timeout_s)
+        ended = await _ended(process, timeout_s, stop)
     finally:
         killed_in_group = await _end_process(process, isolated=isolated, readers=readers)
         if launch.server is not None:
@@ -396,8 +410,8 @@ async def run_sandboxed(
         raise RuntimeError(f"the sandbox could not confine {argv[0]!r}: {report['error']}")
     limit = report.get("process_limit")
     return ProcessResult(
-        exit_code=None if timed_out else _exit_code(process.returncode, report),
-        timed_out=timed_out,
+        exit_code=None if ended != "exited" else _exit_code(process.returncode, report),
+        timed_out=ended == "timed out",
         seconds=time.perf_counter() - started,
         stdout=stdout.text(),
         stderr=stderr.text(),
@@ -406,6 +420,7 @@ async def run_sandboxed(
         filesystem="isolated" if fs_isolated else "open",
         processes_killed=int(report.get("alive", 0)) if isolated else killed_in_group,
         process_limit=None if limit is None else int(limit),
+        stopped=ended == "stopped",
     )
 
 
@@ -520,13 +535,24 @@ async def _start(launch: _Launch, cwd: Path, env: dict[str, str]) -> asyncio.sub
             os.close(launch.report_write)  # the launcher's copy is the only writer
 
 
-async def _timed_out(process: asyncio.subprocess.Process, timeout_s: float) -> bool:
-    """Wait for the process to exit; True when ``timeout_s`` passed first."""
+async def _ended(
+    process: asyncio.subprocess.Process, timeout_s: float, stop: asyncio.Event | None
+) -> Literal["exited", "timed out", "stopped"]:
+    """Wait for the process to exit, ``timeout_s`` to pass or ``stop`` to be set: which came
+    first."""
+    exit_task = asyncio.ensure_future(_exit_of(process))
+    waits: set[asyncio.Future[Any]] = {exit_task}
+    stop_task = asyncio.ensure_future(stop.wait()) if stop is not None else None
+    if stop_task is not None:
+        waits.add(stop_task)
     try:
-        await asyncio.wait_for(_exit_of(process), timeout_s)
-    except TimeoutError:
-        return True
-    return False
+        done, _ = await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+    if exit_task in done:
+        return "exited"
+    return "stopped" if stop_task is not None and stop_task in done else "timed out"
 
 
 async def _end_process(

@@ -12,7 +12,9 @@ ignores SIGTERM, all with MARKER as their name; then exits, or hangs ignoring SI
 ``paths [WORD...]`` (reports where it runs: its cwd, ``HOME``, ``TMPDIR``, the ``XDG_*``
 folders, ``PWD``, the WORDs and ``FAKE_PATHS`` (an agent's templates), the file
 ``$HOME/.config/fake/paths`` and what its cwd, ``HOME`` and ``TMPDIR`` hold; then leaves a
-mark of its own, ``mark-<random>``, in each of the three; prints it all as JSON).
+mark of its own, ``mark-<random>``, in each of the three; prints it all as JSON), ``turns
+SECONDS`` (a chat call, then its count written to ``turns.txt`` at once, then SECONDS of
+"tool work"; again, forever: an agent with no turn bound of its own).
 """
 
 from __future__ import annotations
@@ -70,6 +72,23 @@ def work() -> None:
             }
         )
     )
+
+
+def turns(seconds: float) -> None:
+    from openai import OpenAI
+
+    client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+    answered = 0
+    while True:
+        client.chat.completions.create(
+            model=os.environ["OPENAI_MODEL"],
+            messages=[{"role": "user", "content": f"turn {answered}"}],
+            max_tokens=2,
+        )
+        answered += 1
+        with open("turns.txt", "w") as f:  # acting on the answer, at once
+            f.write(str(answered))
+        time.sleep(seconds)
 
 
 def probe(host: str, port: int) -> None:
@@ -211,3 +230,5 @@ if __name__ == "__main__":
         bomb(int(sys.argv[2]))
     elif mode == "paths":
         paths(sys.argv[2:])
+    elif mode == "turns":
+        turns(float(sys.argv[2]))

@@ -274,6 +274,28 @@ async def test_a_hung_agent_is_killed_by_the_timeout_with_its_tree(
         kill_all(left)
 
 
+async def test_an_agent_without_a_turn_bound_is_stopped_after_max_calls(
+    cli_model: art.TrainableModel,
+) -> None:
+    """``Limits.max_calls``: an agent that calls the model forever (Codex CLI has no turn
+    bound) is stopped ``settle_s`` after its 2nd answer, having acted on it (the check sees
+    both turns), long before its timeout, and not counted as timed out; a third call is
+    never made (the agent works 5 s between calls)."""
+    limits = cli.Limits(timeout_s=300, max_calls=2, settle_s=0.5)
+    task = cli.Task("turns", check='test "$(cat turns.txt)" = 2')
+    trajectory = await cli.rollout(cli_model, fake("turns", "5"), task, limits=limits)
+    assert len(trajectory.calls) == 2, trajectory.logs
+    assert trajectory.metrics["stopped_after_calls"] is True
+    assert trajectory.metrics["timed_out"] is False and trajectory.metrics["exit_code"] == -1
+    assert trajectory.reward == 1.0, trajectory.logs
+    assert trajectory.metrics["agent_seconds"] < 120
+    assert "stopped after its last call" in trajectory.logs[1]
+    with pytest.raises(ValueError, match="max_calls"):
+        cli.Limits(max_calls=0)
+    with pytest.raises(ValueError, match="settle_s"):
+        cli.Limits(settle_s=-1.0)
+
+
 async def test_a_flood_of_output_is_bounded(cli_model: art.TrainableModel) -> None:
     limits = cli.Limits(max_output_bytes=1000)
     trajectory = await cli.rollout(

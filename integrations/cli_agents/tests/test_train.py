@@ -344,6 +344,13 @@ async def test_the_example_script_trains_and_prints_the_table(
     assert "validation, before vs after" in out and "steps that trained nothing (1 of 1)" in out
     with pytest.raises(SystemExit, match="not codex, claude, opencode, nor a file"):
         example.make_agent("no-such-agent")
+    # Codex has no turn bound of its own: its runs are bounded in calls unless told otherwise.
+    assert example.run_limits(args).max_calls is None
+    assert example.run_limits(example.parse_args([])).max_calls == 4  # --agent codex
+    codex = example.run_limits(example.parse_args(["--max-calls", "2", "--timeout-s", "60"]))
+    assert (codex.max_calls, codex.timeout_s) == (2, 60.0)
+    with pytest.raises(SystemExit):
+        example.parse_args(["--max-calls", "0"])
 
 
 async def test_a_spent_time_budget_starts_no_step(cli_model: art.TrainableModel) -> None:

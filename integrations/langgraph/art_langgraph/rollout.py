@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec
 
@@ -63,12 +64,16 @@ def wrap_rollout(
     fn: Callable[P, Awaitable[Outcome]],
     *,
     metadata: dict[str, Any] | None = None,
+    sampling: art.RolloutSampling | None = None,
 ) -> Callable[P, Awaitable[art.Trajectory]]:
     """Wrap an async rollout function: each call runs in a fresh rollout of ``model``.
 
     Concurrent calls never mix: the rollout is held in a context variable, which LangGraph
     carries into its nodes, tools, subgraphs and thread-pooled sync nodes. ``metadata`` is
-    copied onto every trajectory.
+    copied onto every trajectory. ``sampling`` (``art.RolloutSampling``) applies to every call
+    of every rollout; with a seed, the k-th rollout this wrapper starts (0, 1, 2...) gets
+    ``sampling.for_run(k)``: the rollouts of a group differ, and a run that starts its
+    rollouts in the same order replays them.
 
     Example:
         >>> import art_core as art
@@ -88,9 +93,14 @@ def wrap_rollout(
     if not callable(fn):
         raise TypeError(f"wrap_rollout needs an async function, not {type(fn).__name__}")
 
+    if sampling is not None and not isinstance(sampling, art.RolloutSampling):
+        raise TypeError(f"sampling must be an art.RolloutSampling, not {type(sampling).__name__}")
+    started = itertools.count()  # this wrapper's rollouts, in the order they start
+
     @functools.wraps(fn)
     async def rollout(*args: P.args, **kwargs: P.kwargs) -> art.Trajectory:
-        async with art.capture(model, metadata=metadata) as run:
+        settings = None if sampling is None else sampling.for_run(next(started))
+        async with art.capture(model, metadata=metadata, sampling=settings) as run:
             pending = fn(*args, **kwargs)
             if not inspect.isawaitable(pending):
                 raise TypeError(

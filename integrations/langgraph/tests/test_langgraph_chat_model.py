@@ -218,6 +218,30 @@ async def test_wrap_rollout_turns_each_outcome_into_a_trajectory(
         await rollout("not a reward")
 
 
+async def test_wrap_rollout_seeds_each_rollout_of_its_own_and_replays_them(
+    langgraph_model: art.TrainableModel,
+) -> None:
+    async def answers() -> float:
+        await LLM.ainvoke("Tell me a story.")
+        return 1.0
+
+    base = art.RolloutSampling(seed=11, temperature=1.0)
+
+    async def group() -> list[art.Trajectory]:
+        rollout = art_langgraph.wrap_rollout(langgraph_model, answers, sampling=base)
+        return list(await asyncio.gather(*(rollout() for _ in range(3))))
+
+    first, again = await group(), await group()
+    seeds = [t.calls[0].request_params["rollout_sampling"]["rollout_seed"] for t in first]
+    assert seeds == [base.for_run(k).seed for k in range(3)] and len(set(seeds)) == 3
+    tokens = [t.calls[0].completion_token_ids for t in first]
+    assert len({tuple(ids) for ids in tokens}) > 1  # the rollouts of a group differ
+    assert [t.calls[0].completion_token_ids for t in again] == tokens  # and replay
+    assert all(t.calls[0].request_params["rollout_sampling"]["temperature"] == 1.0 for t in first)
+    with pytest.raises(TypeError, match="RolloutSampling"):
+        art_langgraph.wrap_rollout(langgraph_model, answers, sampling={"seed": 1})  # type: ignore[arg-type]
+
+
 async def test_wrap_rollout_rejects_sync_functions_and_lets_errors_through(
     langgraph_model: art.TrainableModel,
 ) -> None:

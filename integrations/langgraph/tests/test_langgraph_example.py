@@ -18,7 +18,9 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "langgraph_agent" /
 @pytest.mark.slow
 def test_example_trains_the_graph_and_keeps_what_it_trained_on(tmp_path: Path) -> None:
     args = ["--path", str(tmp_path), "--steps", "2", "--groups-per-step", "2"]
-    args += ["--rollouts-per-group", "3", "--max-tokens", "48"]
+    # Seeded: unseeded, about one run in ten had a step whose rollouts all scored 0 (tiny-random
+    # at temperature 1), which trains nothing (the example then says why) and fails this test.
+    args += ["--rollouts-per-group", "3", "--max-tokens", "48", "--seed", "0"]
     done = subprocess.run(
         [sys.executable, str(EXAMPLE), *args],
         capture_output=True,
