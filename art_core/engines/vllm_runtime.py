@@ -13,10 +13,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from art_core import venvs
 from art_core.files import atomic_write_text
 
 # Versions measured on this project's machines (see DEPENDENCIES.md).
@@ -110,11 +110,10 @@ def install_vllm_runtime(kind: str | None = None, *, quiet: bool = True) -> Path
     if target.exists():
         shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    q = ["-q"] if quiet else []
-    subprocess.run([sys.executable, "-m", "venv", str(target)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", *q, *PINS[kind]], check=True)
+    venvs.create_venv(target)
+    venvs.install(python, PINS[kind], quiet=quiet)
     if kind == "cpu":
-        subprocess.run([str(python), "-m", "pip", "uninstall", "-y", *q, *CPU_REMOVE], check=True)
+        venvs.uninstall(python, CPU_REMOVE, quiet=quiet)
     atomic_write_text(marker, json.dumps({"kind": kind, "pins": PINS[kind]}))
     vllm_status.cache_clear()
     return python

@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from art_core import venvs
 from art_core.engines.process import free_port
 from art_core.engines.vllm_runtime import runtimes_dir
 from art_core.files import atomic_write_text
@@ -96,11 +96,8 @@ def install_tracing_server(name: str, *, quiet: bool = True) -> Path:
     if target.exists():
         shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    q = ["-q"] if quiet else []
-    subprocess.run([sys.executable, "-m", "venv", str(target)], check=True)
-    python = str(target / "bin" / "python")
-    subprocess.run([python, "-m", "pip", "install", *q, "--upgrade", "pip"], check=True)
-    subprocess.run([python, "-m", "pip", "install", *q, *spec.pins], check=True)
+    python = venvs.create_venv(target)
+    venvs.install(python, spec.pins, quiet=quiet)
     atomic_write_text(target / MARKER, json.dumps({"pins": list(spec.pins)}))
     return target
 

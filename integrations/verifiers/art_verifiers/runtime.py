@@ -23,10 +23,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
+from art_core import venvs
 from art_core.engines.vllm_runtime import runtimes_dir
 from art_core.files import atomic_write_text
 
@@ -100,7 +99,6 @@ def install_runtime(*, quiet: bool = True, extra: tuple[str, ...] = ()) -> Path:
         PosixPath('/root/.cache/art_core/runtimes/verifiers')
     """
     target = runtime_dir()
-    q = ["-q"] if quiet else []
     python = str(target / "bin" / "python")
     installed = _installed_pins()
     if installed is not None and installed[: len(PINS)] == list(PINS):
@@ -108,15 +106,14 @@ def install_runtime(*, quiet: bool = True, extra: tuple[str, ...] = ()) -> Path:
         # only packages not installed yet are added.
         missing = [p for p in extra if p not in installed]
         if missing:
-            subprocess.run([python, "-m", "pip", "install", *q, *missing], check=True)
+            venvs.install(python, missing, quiet=quiet)
             atomic_write_text(target / MARKER, json.dumps({"pins": [*installed, *missing]}))
         return target
     if target.exists():
         shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", str(target)], check=True)
-    subprocess.run([python, "-m", "pip", "install", *q, "--upgrade", "pip"], check=True)
+    venvs.create_venv(target)
     pins = [*PINS, *extra]
-    subprocess.run([python, "-m", "pip", "install", *q, *pins], check=True)
+    venvs.install(python, pins, quiet=quiet)
     atomic_write_text(target / MARKER, json.dumps({"pins": pins}))
     return target

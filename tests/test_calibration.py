@@ -1,0 +1,62 @@
+"""The machine-speed calibration ``bash run.sh test`` prints beside its phase table
+(``art_core.testing.calibration``): its line, the file it writes, and the wall time scaled to
+the slowest machine seen, against the CI budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from art_core.testing import calibration
+from art_core.testing.calibration import BUDGET_S, REFERENCE, SLOWEST_SEEN, Speed
+
+
+def test_measures_writes_and_scales(tmp_path, capsys):
+    out = tmp_path / "speed.json"
+    assert calibration.main(["--repeats", "1", "--out", str(out)]) == 0
+    line = capsys.readouterr().out.strip()
+    written = calibration.read(out)
+    assert written.python_s > 0 and written.torch_s > 0
+    assert line.startswith("machine speed: python ")
+    assert f"-> {written.slowdown:.2f}x the reference's time" in line
+    assert not list(tmp_path.glob("*.tmp")), "the file is written whole, then renamed"
+
+    assert calibration.main(["--scale", "600", "--speed", str(out)]) == 0
+    scaled = capsys.readouterr().out.strip()
+    expected = 600 * SLOWEST_SEEN / written.slowdown
+    assert scaled.startswith("scaled to the slowest machine seen")
+    assert f": {expected:.0f} s, " in scaled
+
+
+def test_the_verdict_against_the_budget():
+    on_the_slowest = Speed(REFERENCE.python_s * SLOWEST_SEEN, REFERENCE.torch_s * SLOWEST_SEEN)
+    assert on_the_slowest.slowdown == SLOWEST_SEEN
+    assert calibration.scaled_line(BUDGET_S, on_the_slowest).endswith(
+        f"{BUDGET_S} s, within the {BUDGET_S} s budget"
+    )
+    assert "OVER the" in calibration.scaled_line(BUDGET_S + 1, on_the_slowest)
+    # Twice as fast as the reference: a wall time counts 2 * 1.21 times on the slowest.
+    fast = Speed(REFERENCE.python_s / 2, REFERENCE.torch_s / 2)
+    assert calibration.scaled_to_slowest(400, fast.slowdown) == pytest.approx(400 * 2 * 1.21)
+    with pytest.raises(ValueError, match="slowdown must be positive"):
+        calibration.scaled_to_slowest(400, 0.0)
+
+
+@pytest.mark.parametrize(
+    "content", ["", "not json", "{}", '{"python_s": 1.0}', '{"python_s": "x", "torch_s": 1}']
+)
+def test_a_file_that_is_not_a_speed_is_named(tmp_path, capsys, content):
+    bad = tmp_path / "speed.json"
+    bad.write_text(content)
+    with pytest.raises(ValueError, match=r"speed\.json: not a machine speed"):
+        calibration.read(bad)
+    with pytest.raises(SystemExit) as exited:
+        calibration.main(["--scale", "10", "--speed", str(bad)])
+    assert exited.value.code == 2
+    assert "not a machine speed" in capsys.readouterr().err
+
+
+def test_scale_needs_the_speed_file():
+    with pytest.raises(SystemExit):
+        calibration.main(["--scale", "10"])
+    with pytest.raises(SystemExit):
+        calibration.main(["--repeats", "0"])
