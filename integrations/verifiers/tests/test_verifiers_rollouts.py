@@ -164,7 +164,15 @@ def test_install_keeps_the_venv_and_adds_only_missing_packages(
     monkeypatch.setenv("ART_CORE_RUNTIMES_DIR", str(tmp_path))
     monkeypatch.delenv(runtime.PYTHON_ENV, raising=False)
     commands: list[list[str]] = []
-    monkeypatch.setattr(runtime.subprocess, "run", lambda cmd, check: commands.append(cmd))
+    # What the runtime asks art_core.venvs to do: a new venv, packages into a venv's python.
+    monkeypatch.setattr(
+        runtime.venvs, "create_venv", lambda target: commands.append(["venv", str(target)])
+    )
+    monkeypatch.setattr(
+        runtime.venvs,
+        "install",
+        lambda python, packages, quiet: commands.append(["install", str(python), *packages]),
+    )
     assert not runtime.is_installed()
     target = runtime.runtime_dir()
     target.mkdir()
@@ -175,11 +183,12 @@ def test_install_keeps_the_venv_and_adds_only_missing_packages(
     assert runtime.install_runtime() == target and runtime.install_runtime(extra=("my-env",))
     assert commands == []
     runtime.install_runtime(extra=("my-env", "other-env"))
-    assert commands == [[str(target / "bin" / "python"), "-m", "pip", "install", "-q", "other-env"]]
+    assert commands == [["install", str(target / "bin" / "python"), "other-env"]]
     assert json.loads(marker.read_text())["pins"] == [*runtime.PINS, "my-env", "other-env"]
     # another verifiers pin: a fresh venv
     marker.write_text(json.dumps({"pins": ["verifiers==0.0.1"]}))
     assert not runtime.is_installed()
     commands.clear()
     runtime.install_runtime()
-    assert commands[0][1:3] == ["-m", "venv"] and commands[-1][-1] == runtime.PINS[-1]
+    assert commands[0] == ["venv", str(target)]
+    assert commands[-1] == ["install", str(target / "bin" / "python"), *runtime.PINS]
