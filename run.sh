@@ -29,33 +29,16 @@ integrations() {
   return 0
 }
 
-# pip's settings on this machine (where its wheels and indexes are, its constraints), as uv's
-# options, one a line: uv reads none of pip's configuration files or PIP_* variables
-# (art_core/venvs.py, run as a script: standard library only, before art_core is installed).
-pip_settings_for_uv() {
-  "$VENV/bin/python" -P art_core/venvs.py uv-settings
-}
-
-# Packages into the venv: with uv (the whole stack in ~50 s here, pip takes ~150 s), resolved as
-# pip resolves them (the best version across every index), or with pip where uv cannot be had.
-# Byte-compiled at install (never --no-compile): where PYTHONDONTWRITEBYTECODE=1 (this machine
-# sets it), a module not compiled here is compiled again by every process that imports it;
-# that made a whole test run 1.7x slower.
+# Packages into the venv: with uv (the whole stack in ~50 s here, pip takes ~150 s), given pip's
+# find-links, indexes, constraints and certificate bundle (uv reads none of pip's configuration)
+# and resolved as pip resolves them, or with pip where uv cannot be had: art_core/venvs.py, the
+# one owner of these installs, run as a script (standard library only, before art_core is
+# installed). Byte-compiled at install (never --no-compile): where PYTHONDONTWRITEBYTECODE=1
+# (this machine sets it), a module not compiled here is compiled again by every process that
+# imports it; that made a whole test run 1.7x slower.
 install_packages() { # PIP INSTALL ARGUMENTS...
-  local settings=() cert tls=()
-  if [ -x "$VENV/bin/uv" ] || "$VENV/bin/python" -m pip install -q uv >/dev/null 2>&1; then
-    mapfile -t settings < <(pip_settings_for_uv)
-    # pip's certificate bundle (a proxy's own CA, where there is one) for uv's TLS too.
-    cert="${SSL_CERT_FILE:-${PIP_CERT:-$("$VENV/bin/python" -m pip config get global.cert 2>/dev/null || true)}}"
-    [ -z "$cert" ] || tls=(SSL_CERT_FILE="$cert")
-    if env "${tls[@]}" "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" \
-      --compile-bytecode --index-strategy unsafe-best-match "${settings[@]}" "$@"; then
-      return 0
-    fi
-    echo "uv could not install these; pip installs them" >&2
-  fi
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q "$@"
+  [ -x "$VENV/bin/uv" ] || "$VENV/bin/python" -m pip install -q uv >/dev/null 2>&1 || true
+  "$VENV/bin/python" -P art_core/venvs.py install "$@"
 }
 
 setup() {

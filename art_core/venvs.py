@@ -9,8 +9,9 @@ spends resolving and unpacking is taken from a test. uv reads none of pip's conf
 version across every index: ``--index-strategy unsafe-best-match``); pip's certificate
 bundle is given to uv's TLS. Where uv is not installed, or fails, pip installs.
 
-``bash run.sh`` runs this file as a script (``python art_core/venvs.py uv-settings``) for the
-project's own venv, before art_core is installed: it imports nothing but the standard library.
+``bash run.sh`` installs the project's own venv through this file, run as a script (``python
+-P art_core/venvs.py install ARGS``) before art_core is installed: it imports nothing but the
+standard library.
 
 Example:
     >>> settings_from_pip_config("global.find-links='/opt/wheels /more'\\n:env:.timeout='9'")
@@ -54,29 +55,11 @@ def settings_from_pip_config(listing: str) -> list[str]:
     return options
 
 
-def pip_settings_for_uv(python: str | os.PathLike[str] = sys.executable) -> list[str]:
-    """uv's options for pip's settings as ``python``'s pip reads them; none without pip."""
+def _pip_config(python: str | os.PathLike[str], *arguments: str) -> str | None:
+    """What ``python -m pip config ARGUMENTS`` printed; None where it failed or is absent."""
     try:
-        listing = subprocess.run(
-            [str(python), "-m", "pip", "config", "list"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return settings_from_pip_config(listing)
-
-
-def _pip_cert(python: str | os.PathLike[str]) -> str | None:
-    """pip's certificate bundle (a proxy's own CA, where there is one)."""
-    given = os.environ.get("SSL_CERT_FILE") or os.environ.get("PIP_CERT")
-    if given:
-        return given
-    try:
-        found = subprocess.run(
-            [str(python), "-m", "pip", "config", "get", "global.cert"],
+        done = subprocess.run(
+            [str(python), "-m", "pip", "config", *arguments],
             capture_output=True,
             text=True,
             timeout=60,
@@ -84,9 +67,20 @@ def _pip_cert(python: str | os.PathLike[str]) -> str | None:
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if found.returncode != 0:
-        return None
-    return found.stdout.strip() or None
+    return done.stdout if done.returncode == 0 else None
+
+
+def pip_settings_for_uv(python: str | os.PathLike[str] = sys.executable) -> list[str]:
+    """uv's options for pip's settings as ``python``'s pip reads them; none without pip."""
+    return settings_from_pip_config(_pip_config(python, "list") or "")
+
+
+def _pip_cert(python: str | os.PathLike[str]) -> str | None:
+    """pip's certificate bundle (a proxy's own CA, where there is one)."""
+    given = os.environ.get("SSL_CERT_FILE") or os.environ.get("PIP_CERT")
+    if given:
+        return given
+    return (_pip_config(python, "get", "global.cert") or "").strip() or None
 
 
 def find_uv() -> str | None:
@@ -134,8 +128,19 @@ def uninstall(python: Path | str, packages: Sequence[str], *, quiet: bool = True
     subprocess.run([str(python), "-m", "pip", "uninstall", "-y", *q, *packages], check=True)
 
 
+def main(argv: Sequence[str]) -> int:
+    """``install ARGS``: pip install arguments (requirements, ``-e``, ``--no-deps``...) into
+    this interpreter's venv, as ``install`` does; the exit status is the installer's."""
+    if len(argv) > 1 and argv[0] == "install":
+        try:
+            install(sys.executable, argv[1:])
+        except subprocess.CalledProcessError as error:
+            return error.returncode or 1
+        return 0
+    print("usage: python art_core/venvs.py install ARGS...", file=sys.stderr)
+    return 2
+
+
 if __name__ == "__main__":
-    # `python art_core/venvs.py uv-settings`: uv's options for this interpreter's pip, one a line.
-    if sys.argv[1:] != ["uv-settings"]:
-        sys.exit("usage: python art_core/venvs.py uv-settings")
-    print("\n".join(pip_settings_for_uv()))
+    # run.sh runs this file before art_core is installed (`python -P art_core/venvs.py ...`).
+    sys.exit(main(sys.argv[1:]))

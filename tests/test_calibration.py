@@ -18,7 +18,7 @@ def test_measures_writes_and_scales(tmp_path, capsys):
     assert written.python_s > 0 and written.torch_s > 0
     assert line.startswith("machine speed: python ")
     assert f"-> {written.slowdown:.2f}x the reference's time" in line
-    assert not list(tmp_path.glob("*.tmp")), "the file is written whole, then renamed"
+    assert [p.name for p in tmp_path.iterdir()] == ["speed.json"], "written whole, renamed"
 
     assert calibration.main(["--scale", "600", "--speed", str(out)]) == 0
     scaled = capsys.readouterr().out.strip()

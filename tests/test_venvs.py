@@ -49,8 +49,8 @@ def test_pip_settings_become_uv_options_once_each_in_order():
     assert venvs.settings_from_pip_config("") == []
 
 
-@pytest.mark.skipif(venvs.find_uv() is None, reason="uv is not installed (bash run.sh installs it)")
 def test_installs_into_a_new_venv_with_uv_and_removes(tmp_path):
+    assert venvs.find_uv() is not None, "uv is missing: bash run.sh installs it into the venv"
     python = venvs.create_venv(tmp_path / "venv")
     wheel = _wheel(tmp_path)
     venvs.install(python, [str(wheel)])

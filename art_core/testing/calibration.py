@@ -35,6 +35,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from art_core.files import atomic_write_text
+
 # The reference machine: where these figures were first measured (2026-12-06), a 2-core Intel
 # Xeon with AVX-512 and no BF16, the tests' own machine kind, quiet (best of 3, three runs:
 # python 0.93-0.97 s, torch 0.94-0.98 s).
@@ -170,9 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     speed = measure(args.repeats)
     if args.out is not None:
-        temporary = args.out.with_name(args.out.name + ".tmp")
-        temporary.write_text(json.dumps(asdict(speed)) + "\n")
-        temporary.replace(args.out)
+        atomic_write_text(args.out, json.dumps(asdict(speed)) + "\n")
     print(speed.line(), flush=True)
     return 0
 
