@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from art_core.testing import calibration
-from art_core.testing.calibration import BUDGET_S, REFERENCE, SLOWEST_SEEN, Speed
+from art_core.testing.calibration import BUDGET_S, REFERENCE, SLOWEST_SEEN, Speed, cpu_name
 
 
 def test_measures_writes_and_scales(tmp_path, capsys):
@@ -60,3 +60,24 @@ def test_scale_needs_the_speed_file():
         calibration.main(["--scale", "10"])
     with pytest.raises(SystemExit):
         calibration.main(["--repeats", "0"])
+
+
+def test_the_slowdown_weighs_the_interpreter_as_the_suite_does():
+    # The two machines the weight was fitted to: an Intel Xeon (the reference's kind) and an
+    # AMD EPYC with a faster interpreter and a slower fp32 matmul; the suite ran 0.84x as long
+    # on the EPYC, which the slowdowns' ratio gives (an equal weight gave 1.2x).
+    xeon = Speed(python_s=0.92, torch_s=0.83)
+    epyc = Speed(python_s=0.67, torch_s=1.66)
+    assert epyc.slowdown / xeon.slowdown == pytest.approx(1565 / 1866, abs=0.02)
+
+
+def test_the_line_names_the_cpu(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC  7B13\nflags\t\t: avx2\n")
+    assert cpu_name(info) == "AMD EPYC 7B13"
+    assert cpu_name(tmp_path / "missing") == ""
+    speed = Speed(python_s=1.0, torch_s=1.0, cpu=cpu_name(info))
+    assert "(fixed workload, one core, AMD EPYC 7B13) ->" in speed.line()
+    out = tmp_path / "speed.json"
+    out.write_text('{"python_s": 1.0, "torch_s": 1.0, "cpu": "AMD EPYC 7B13"}')
+    assert calibration.read(out) == speed

@@ -14,6 +14,7 @@ from art_cli_agents.agents import (
     claude_code,
     codex,
     opencode,
+    small_model_prompt,
 )
 from art_cli_agents.clock import fixed_clock, libfaketime
 from art_cli_agents.rollout import Task, reward_of, rollout, rollout_group
@@ -52,6 +53,7 @@ __all__ = [
     "rollout",
     "rollout_group",
     "run_sandboxed",
+    "small_model_prompt",
     "train",
     "train_settings",
 ]

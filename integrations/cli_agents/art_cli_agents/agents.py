@@ -83,21 +83,40 @@ SMALL_MODEL_PROMPT = (
     "to create a file notes.txt containing hi, call {example}. When the task is done, reply "
     "with one short sentence."
 )
-CODEX_SMALL_MODEL_PROMPT = SMALL_MODEL_PROMPT.format(
-    tools="exec_command (cmd) runs a shell command: use it to create, read and change files.",
-    example="""exec_command with {"cmd": "printf 'hi' > notes.txt"}""",
+
+
+def small_model_prompt(tools: str, example: str) -> str:
+    """A system prompt for a small model: ``SMALL_MODEL_PROMPT`` naming ``tools`` (each with
+    its arguments, in a sentence) and one ``example`` call that creates a file. For an agent
+    given fewer tools than its preset (``claude_code(tools=("Write",))``): a prompt naming only
+    those, so the model is not told of tools it cannot call.
+
+    Example:
+        >>> prompt = small_model_prompt(
+        ...     "Write (file_path, content) creates a file.",
+        ...     'Write with {"file_path": "notes.txt", "content": "hi"}',
+        ... )
+        >>> "Your tools: Write (file_path, content) creates a file. For example" in prompt
+        True
+    """
+    return SMALL_MODEL_PROMPT.format(tools=tools, example=example)
+
+
+CODEX_SMALL_MODEL_PROMPT = small_model_prompt(
+    "exec_command (cmd) runs a shell command: use it to create, read and change files.",
+    """exec_command with {"cmd": "printf 'hi' > notes.txt"}""",
 )
-CLAUDE_CODE_SMALL_MODEL_PROMPT = SMALL_MODEL_PROMPT.format(
-    tools="Write (file_path, content) creates a file; Edit (file_path, old_string, "
+CLAUDE_CODE_SMALL_MODEL_PROMPT = small_model_prompt(
+    "Write (file_path, content) creates a file; Edit (file_path, old_string, "
     "new_string) changes a file; Read (file_path) shows a file; Bash (command) runs a shell "
     "command.",
-    example='Write with {"file_path": "notes.txt", "content": "hi"}',
+    'Write with {"file_path": "notes.txt", "content": "hi"}',
 )
-OPENCODE_SMALL_MODEL_PROMPT = SMALL_MODEL_PROMPT.format(
-    tools="write (filePath, content) creates a file; edit (filePath, oldString, newString) "
+OPENCODE_SMALL_MODEL_PROMPT = small_model_prompt(
+    "write (filePath, content) creates a file; edit (filePath, oldString, newString) "
     "changes a file; read (filePath) shows a file; bash (command, description) runs a shell "
     "command.",
-    example='write with {"filePath": "notes.txt", "content": "hi"}',
+    'write with {"filePath": "notes.txt", "content": "hi"}',
 )
 
 

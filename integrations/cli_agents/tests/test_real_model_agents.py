@@ -4,16 +4,19 @@ Codex CLI, Claude Code and opencode, unchanged (``bash run.sh test`` installs th
 each run four times on one task with the real Qwen2.5-Coder-0.5B-Instruct (a hash-pinned
 GGUF from PyPI, ``art_core.embedded.qwen_gguf``; converted once into the shared models
 folder), in fp32 so that what it samples does not depend on the CPU's bf16 support. Each
-agent gets its preset for small models (``*_SMALL_MODEL_PROMPT``: its own system prompt is
-2-5k tokens a 0.5B model gets lost in) and a seeded rollout temperature
-(``art.RolloutSampling``): the runs of a group differ, and the same seed replays them. The
-check is real and fails on a wrong answer: some runs solve the task and some do not, and the
-GRPO step on the group changes the adapter.
+agent gets a prompt for small models (``cli.small_model_prompt``: its own system prompt is
+2-5k tokens a 0.5B model gets lost in), only the tools the task needs, and a seeded rollout
+temperature (``art.RolloutSampling``): the runs of a group differ, and the same seed replays
+them. The check is real and fails on a wrong answer: some runs solve the task and some do
+not, and the GRPO step on the group changes the adapter.
 
-Each test takes 1.5-3 minutes with 2 CPU cores to itself (about twice that under CI, where it
-has one core): four real agents with a 0.5B model in fp32 (a 1.3-2.8k-token first turn, up to
-3 turns a run), then a training step on their runs, the group's shared prompt run once.
-Nothing smaller shows an agent solving a real task with a real model.
+Sized to what the check needs: the task is to write one file, so Claude Code gets only
+``Write`` and one turn (its tool call runs, then the turn limit ends the run), opencode only
+``edit`` (its ``write``) and two steps (its last step answers without tools), answers capped
+at 64 tokens (a write call takes 23-40), and Codex one call. Their first prompts are 0.5-1.3k
+tokens (1.9-2.8k with every coding tool and three turns, which made each test 2-5 minutes):
+each test takes 1.5-2.5 minutes under CI (one core, beside the other worker). Nothing
+smaller shows an agent solving a real task with a real model.
 """
 
 from __future__ import annotations
@@ -63,15 +66,15 @@ def binary(name: str) -> str:
     return str(path)
 
 
-# Each agent with its small-model preset, the rollout seed and temperature of its group
-# (chosen once by running: a seed decides the group's runs), and its limits. Claude Code and
-# opencode stop after 3 turns (their limit is far beyond what 3 turns take on one loaded
-# core: the turns end their runs, never the clock); Codex has no such setting, and a 0.5B
-# model rarely ends a run by itself: each run is stopped 10 s after its first answer
-# (Limits.max_calls), and the check scores what it left. Its solving run writes the file in
-# that first call. A time limit did this before (90 s): the first answers of the group take
-# 15-20 s with this 2-core machine to itself but 46-90 s under CI (one core, beside the
-# background installs), so how far a run got, and the test, depended on the machine.
+# Each agent with its tools and prompt, the rollout seed and temperature of its group (chosen
+# once by running: a seed decides the group's runs), and its limits. Claude Code and opencode
+# stop after their turns (far beyond what those take on one loaded core: the turns end their
+# runs, never the clock); Codex has no such setting, and a 0.5B model rarely ends a run by
+# itself: each run is stopped 10 s after its first answer (Limits.max_calls), and the check
+# scores what it left. Its solving run writes the file in that first call. A time limit did
+# this before (90 s): the first answers of the group take 15-20 s with this 2-core machine to
+# itself but 46-90 s under CI (one core, beside the background installs), so how far a run
+# got, and the test, depended on the machine.
 # The agents write today's date into their prompts: a seeded group replays only if that date
 # is always the same (art_cli_agents.clock). Claude Code and opencode run on a fixed clock;
 # Codex (a static binary libfaketime cannot reach) leaves its date out.
@@ -87,24 +90,32 @@ AGENTS: dict[str, tuple[Callable[[], cli.CLIAgent], art.RolloutSampling, cli.Lim
         lambda: cli.fixed_clock(
             cli.claude_code(
                 binary("claude"),
-                max_output_tokens=512,
-                system_prompt=cli.CLAUDE_CODE_SMALL_MODEL_PROMPT,
-                max_turns=3,
+                tools=("Write",),
+                max_output_tokens=64,
+                system_prompt=cli.small_model_prompt(
+                    "Write (file_path, content) creates a file.",
+                    'Write with {"file_path": "notes.txt", "content": "hi"}',
+                ),
+                max_turns=1,
             )
         ),
-        art.RolloutSampling(seed=2, temperature=1.0),
+        art.RolloutSampling(seed=1, temperature=1.0),
         cli.Limits(timeout_s=600),
     ),
     "opencode": (
         lambda: cli.fixed_clock(
             cli.opencode(
                 binary("opencode"),
-                max_output_tokens=512,
-                system_prompt=cli.OPENCODE_SMALL_MODEL_PROMPT,
-                max_turns=3,
+                tools=("edit",),
+                max_output_tokens=64,
+                system_prompt=cli.small_model_prompt(
+                    "write (filePath, content) creates a file.",
+                    'write with {"filePath": "notes.txt", "content": "hi"}',
+                ),
+                max_turns=2,
             )
         ),
-        art.RolloutSampling(seed=1, temperature=1.0),
+        art.RolloutSampling(seed=2, temperature=1.0),
         cli.Limits(timeout_s=600),
     ),
 }
@@ -129,7 +140,7 @@ TOP_LAYERS = tuple(
 @pytest_asyncio.fixture(loop_scope="session")
 async def backend(tmp_path: Path) -> AsyncIterator[art.LocalBackend]:
     """Each test's own backend in fp32, closed after it: one agent's model and trainer (the
-    0.5B model, its fp32 training on 4 runs of 2-3k-token turns) are gone before the next
+    0.5B model, its fp32 training on 4 runs of 0.5-1.3k-token turns) are gone before the next
     agent's load (three at once went past 22 GB and the kernel killed the worker)."""
     async with art.LocalBackend(path=tmp_path / "cli-qwen", dtype="float32") as local:
         yield local
@@ -162,9 +173,9 @@ async def test_a_real_agent_solves_a_real_task_and_trains(
         for call in trajectory.calls:
             applied = call.request_params["rollout_sampling"]
             assert applied["temperature"] == sampling.temperature, call.request_params
-    # Recomputed activations: the fp32 step on 4 runs of 2-3k-token turns stays a few GB, so
-    # one micro-batch holds the whole group, its shared prompt run once (a budget of 4096
-    # tokens cut opencode's group in two and ran its 2.8k-token prompt twice). The adapter on
+    # Recomputed activations: the fp32 step on 4 runs of 0.5-1.3k-token turns stays a few GB,
+    # so one micro-batch holds the whole group, its shared prompt run once (a budget of 4096
+    # tokens once cut a group in two and ran its shared prompt twice). The adapter on
     # the top two layers only: the backward pass stops there, and the step takes a half to a
     # third of its time with every layer (measured: codex 18 s vs 54 s, Claude Code 62 s vs
     # 134 s); what it checks is the same, a real agent's group trains the adapter.
