@@ -579,6 +579,12 @@ class Replace:
 TINY = "tiny-random: the same code path; smollm2-135m's training steps take minutes on 2 cores"
 REPLACE: dict[str, Replace] = {
     "tiny-model": Replace('base_model="smollm2-135m"', 'base_model="tiny-random"', TINY),
+    "two-runs-a-scenario": Replace(
+        "for _ in range(4)",
+        "for _ in range(2)",
+        "2 runs a scenario: a group still compares; each run starts its own tool server (a "
+        "process of its own), the block's main cost",
+    ),
     "short-answers": Replace(
         'art.LocalBackend(path=".art")',
         'art.LocalBackend(path=".art", default_max_tokens=128)',
@@ -649,7 +655,10 @@ REPLACE: dict[str, Replace] = {
         "groups of `rollout` (given=rollout) on the remote model",
     ),
     "cli-two-runs": Replace(
-        "rollouts_per_group=4", "rollouts_per_group=2", "2 runs a task: a group still compares"
+        "rollouts_per_group=4",
+        "rollouts_per_group=2, groups_per_step=1",
+        "one group of 2 runs a step (the default is 4 groups, here of the one task): a group "
+        "still compares; each run costs seconds (its sandbox, the task's pytest check)",
     ),
     "cli-one-step": Replace("steps=3", "steps=1", "one training step shows the loop; CI time"),
     "cli-two-runs-fragment": Replace(
