@@ -23,12 +23,42 @@ from __future__ import annotations
 import logging
 import math
 import os
+import platform
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+
+
+# The extensions that change which dtype and kernels a CPU run uses.
+CPU_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name and the matrix extensions it has, e.g.
+    ``AMD EPYC 7B13 (avx2)``: what a benchmark's first line and the test calibration's line
+    name (figures depend on the extensions: they decide whether bf16 pays).
+
+    Example:
+        >>> cpu_model(Path("/no/such/file")).endswith("(no AVX2)")
+        True
+    """
+    name, flags = platform.processor() or platform.machine() or "unknown CPU", set()
+    try:
+        lines = cpuinfo.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            name = " ".join(value.split())
+        elif key.strip() == "flags":
+            flags = set(value.split())
+            break
+    found = [f for f in CPU_EXTENSIONS if f in flags]
+    return f"{name} ({', '.join(found) if found else 'no AVX2'})"
 
 
 def _cgroup_cpu_limit() -> float | None:

@@ -2,40 +2,15 @@
 
 Figures depend on the CPU (its matrix extensions decide whether bf16 pays, its core count
 whether overlap does): a row of the benchmarks page (docs/benchmarks.md) names the machine its
-figures came from, and this line is where that name comes from.
+figures came from, and this line is where that name comes from (``art_core.cpu.cpu_model``,
+which the test calibration's line names too).
 """
 
 from __future__ import annotations
 
 import os
-import platform
-from pathlib import Path
 
-# The extensions that change which dtype and kernels a CPU run uses.
-EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-
-
-def cpu_model() -> str:
-    """The CPU's model name and the matrix extensions it has, e.g.
-    ``AMD EPYC (avx2, avx512f, avx512_bf16)``.
-
-    Example:
-        >>> cpu_model() != ""
-        True
-    """
-    name, flags = platform.processor() or platform.machine() or "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-                break
-    except OSError:
-        pass
-    found = [f for f in EXTENSIONS if f in flags]
-    return f"{name} ({', '.join(found) if found else 'no AVX2'})"
+from art_core.cpu import cpu_budget, cpu_model
 
 
 def machine_line() -> str:
@@ -46,8 +21,6 @@ def machine_line() -> str:
         >>> machine_line().startswith("machine: ")
         True
     """
-    from art_core.cpu import cpu_budget
-
     gpu = "none"
     try:
         import torch

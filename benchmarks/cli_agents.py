@@ -63,7 +63,9 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from _machine import cpu_model, machine_line
+from _machine import machine_line
+
+from art_core.cpu import cpu_model
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -30,7 +30,9 @@ import sys
 import tempfile
 import time
 
-from _machine import cpu_model, machine_line
+from _machine import machine_line
+
+from art_core.cpu import cpu_model
 
 QUESTIONS = [(12, "+", 7), (9, "*", 8), (25, "+", 4), (31, "*", 6)]
 

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _machine import cpu_model, machine_line
+from _machine import machine_line
 from transformers import AutoModelForCausalLM
 
+from art_core.cpu import cpu_model
 from art_core.device import autocast_dtype
 from art_core.embedded import resolve_base_model
 from art_core.training import TrainConfig, Trainer

@@ -31,9 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _machine import cpu_model, machine_line
+from _machine import machine_line
 
 import art_core as art
+from art_core.cpu import cpu_model
 from art_core.engines.base import GenerationRequest, SamplingParams
 from art_core.engines.router import ReplicaRouter
 

@@ -30,9 +30,10 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from _machine import cpu_model, machine_line
+from _machine import machine_line
 
 import art_core as art
+from art_core.cpu import cpu_model
 from art_core.engines.base import Engine, GenerationRequest, SamplingParams
 from art_core.gateway.timing import StageLog
 

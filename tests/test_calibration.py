@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from art_core.cpu import cpu_model
 from art_core.testing import calibration
-from art_core.testing.calibration import BUDGET_S, REFERENCE, SLOWEST_SEEN, Speed, cpu_name
+from art_core.testing.calibration import BUDGET_S, REFERENCE, SLOWEST_SEEN, Speed
 
 
 def test_measures_writes_and_scales(tmp_path, capsys):
@@ -74,10 +75,10 @@ def test_the_slowdown_weighs_the_interpreter_as_the_suite_does():
 def test_the_line_names_the_cpu(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t: AMD EPYC  7B13\nflags\t\t: avx2\n")
-    assert cpu_name(info) == "AMD EPYC 7B13"
-    assert cpu_name(tmp_path / "missing") == ""
-    speed = Speed(python_s=1.0, torch_s=1.0, cpu=cpu_name(info))
-    assert "(fixed workload, one core, AMD EPYC 7B13) ->" in speed.line()
+    assert cpu_model(info) == "AMD EPYC 7B13 (avx2)"
+    assert cpu_model(tmp_path / "missing").endswith(" (no AVX2)")
+    speed = Speed(python_s=1.0, torch_s=1.0, cpu=cpu_model(info))
+    assert "(fixed workload, one core, AMD EPYC 7B13 (avx2)) ->" in speed.line()
     out = tmp_path / "speed.json"
-    out.write_text('{"python_s": 1.0, "torch_s": 1.0, "cpu": "AMD EPYC 7B13"}')
+    out.write_text('{"python_s": 1.0, "torch_s": 1.0, "cpu": "AMD EPYC 7B13 (avx2)"}')
     assert calibration.read(out) == speed

@@ -40,6 +40,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from art_core.cpu import cpu_model
 from art_core.files import atomic_write_text
 
 # The reference machine: where these figures were first measured (2026-12-06), a 2-core Intel
@@ -64,7 +65,7 @@ class Speed:
 
     python_s: float
     torch_s: float
-    # The CPU it ran on (``cpu_name()``), for the line; "" when not known.
+    # The CPU it ran on (``art_core.cpu.cpu_model()``), for the line; "" when not known.
     cpu: str = ""
 
     @property
@@ -85,24 +86,6 @@ class Speed:
 
 
 REFERENCE = Speed(python_s=0.95, torch_s=0.95)
-
-
-def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name from ``cpuinfo`` ("" where there is none: not Linux).
-
-    Example:
-        >>> cpu_name(Path("/no/such/file"))
-        ''
-    """
-    try:
-        lines = cpuinfo.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    for line in lines:
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            return " ".join(value.split())
-    return ""
 
 
 def scaled_to_slowest(wall_s: float, slowdown: float) -> float:
@@ -156,7 +139,7 @@ def measure(repeats: int = 3) -> Speed:
         return Speed(
             python_s=_best_of(_python_work, repeats),
             torch_s=_best_of(_torch_work, repeats),
-            cpu=cpu_name(),
+            cpu=cpu_model(),
         )
     finally:
         torch.set_num_threads(threads)
