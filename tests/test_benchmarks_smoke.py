@@ -7,8 +7,9 @@ trains nothing, a failed group and a missing baseline, and prints the same table
 
 Each script runs in its own process, as ``bash run.sh bench NAME --smoke`` runs it (``python
 benchmarks/NAME.py --smoke``), with the test session's models folder (the embedded models are
-built once): forked from one that has already imported torch, transformers and art_core
-(``fork_support``), so no run pays those imports again.
+built once) and its shared art_core cache (what a test compiled, a script loads): forked from
+one that has already imported torch, transformers and art_core (``fork_support``), so no run
+pays those imports again.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ def test_every_benchmark_is_covered() -> None:
 
 
 @pytest.fixture(scope="module")
-def fork_server() -> Iterator[ForkServer]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def fork_server(shared_cache_home: Path) -> Iterator[ForkServer]:
+    # The run's shared art_core cache: a decode step compiled here (compiled_decode's smoke
+    # compiles the tests' tiny-random graphs) or by a test is compiled once in the run.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "ART_CORE_CACHE_DIR": str(shared_cache_home)}
     # As a user runs them: torch threads follow the free cores (the test session fixes them
     # for bit-exact comparisons, which on a busy machine makes each step 10-50x slower).
     env.pop("ART_CORE_FOLLOW_FREE_CORES", None)
