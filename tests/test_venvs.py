@@ -70,3 +70,30 @@ def test_a_package_that_cannot_be_had_raises(tmp_path):
     python = venvs.create_venv(tmp_path / "venv")
     with pytest.raises(subprocess.CalledProcessError):
         venvs.install(python, [str(tmp_path / "missing-0.1-py3-none-any.whl")])
+
+
+def _bytecode(python: Path) -> list[Path]:
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return sorted(Path(site).glob("__pycache__/artprobe.*.pyc"))
+
+
+def test_an_install_compiles_bytecode_only_where_python_would_not_cache_it(tmp_path, monkeypatch):
+    wheel = _wheel(tmp_path)
+    # PYTHONDONTWRITEBYTECODE set: every process would compile the module again, so the
+    # install compiles it.
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    python = venvs.create_venv(tmp_path / "compiled")
+    venvs.install(python, [str(wheel)])
+    assert _bytecode(python), "installed without its bytecode where Python will not write it"
+    # Unset: the install leaves it to the first import, which caches it once.
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE")
+    python = venvs.create_venv(tmp_path / "lazy")
+    venvs.install(python, [str(wheel)])
+    assert not _bytecode(python), "compiled at install where the first import caches it"
+    subprocess.run([str(python), "-c", "import artprobe"], check=True)
+    assert _bytecode(python), "the first import did not cache the module's bytecode"
