@@ -422,7 +422,6 @@ def main_churn(args: argparse.Namespace, model_path: str) -> None:
 def main(args: argparse.Namespace) -> None:
     from art_core.device import serving_dtype
     from art_core.embedded import resolve_base_model
-    from art_core.engines.compiled_step import compile_cache_dir
 
     print(machine_line())
     model_path = str(resolve_base_model(args.base_model))
@@ -442,13 +441,12 @@ def main(args: argparse.Namespace) -> None:
             base["adapter"] = save_adapter(model_path, Path(folder) / "adapter", args.adapter_rank)
         for rows in levels:
             cache = str(Path(folder) / f"inductor-{rows}")  # empty: the first process compiles
-            engine_home: str | None = str(Path(folder) / f"engine-{rows}")  # empty too
+            engine_home = Path(folder) / f"engine-{rows}"  # empty too
             if args.smoke:
-                # The machine's own compile cache for every path ($ART_CORE_CACHE_DIR/inductor,
-                # the engine's; the tests point it at their run's shared one): each path still
-                # runs, compiles what no earlier run compiled and loads the rest (the compile
-                # times shown are then not a cold cache's: a smoke run measures nothing).
-                cache, engine_home = str(compile_cache_dir()), None
+                # One cache for every path (the engine's is $ART_CORE_CACHE_DIR/inductor): each
+                # path still runs and compiles, what one path compiled the next one finds (the
+                # compile times shown are then not a cold cache's: a smoke run measures nothing).
+                cache = str(engine_home / "inductor")
             for path in PATHS:
                 spec = {
                     **base,
@@ -456,7 +454,7 @@ def main(args: argparse.Namespace) -> None:
                     "rows": rows,
                     "cache_dir": cache,
                     "compile": path == "engine-compiled",
-                    "cache_home": engine_home,
+                    "cache_home": str(engine_home),
                 }
                 results[(rows, path)] = spawn(spec)
         floor = spawn({**base, "path": "floor", "rows_list": levels})

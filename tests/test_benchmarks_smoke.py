@@ -7,9 +7,9 @@ trains nothing, a failed group and a missing baseline, and prints the same table
 
 Each script runs in its own process, as ``bash run.sh bench NAME --smoke`` runs it (``python
 benchmarks/NAME.py --smoke``), with the test session's models folder (the embedded models are
-built once) and its shared art_core cache (what a test compiled, a script loads): forked from
-one that has already imported torch, transformers and art_core (``fork_support``), so no run
-pays those imports again.
+built once) and its art_core cache (``shared_cache_home``: nothing is written to the user's
+``~/.cache``): forked from one that has already imported torch, transformers and art_core
+(``fork_support``), so no run pays those imports again.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def test_every_benchmark_is_covered() -> None:
 
 @pytest.fixture(scope="module")
 def fork_server(shared_cache_home: Path) -> Iterator[ForkServer]:
-    # The run's shared art_core cache: a decode step compiled here (compiled_decode's smoke
-    # compiles the tests' tiny-random graphs) or by a test is compiled once in the run.
+    # The run's art_core cache, not the user's: what a script caches (RULER's judgments, its
+    # compiled steps) stays in the run's temporary folder.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "ART_CORE_CACHE_DIR": str(shared_cache_home)}
     # As a user runs them: torch threads follow the free cores (the test session fixes them
     # for bit-exact comparisons, which on a busy machine makes each step 10-50x slower).
