@@ -26,8 +26,9 @@ greedy decode steps of ``--base-model`` in the engine's serving dtype
 ``same tokens`` counts the leading steps whose tokens equal model.generate's in every row
 (bf16: an early near-tie can send a row elsewhere; the fp32 equality is a test,
 ``tests/test_compiled_step.py``). Each path runs in its own process (clean compile state,
-allocator and thread pools), with torch's threads fixed at the cores this process may use
-(``ART_CORE_FOLLOW_FREE_CORES=0``); the median of ``--repeats`` runs.
+allocator and thread pools: a fork of multiprocessing's fork server, which has only imported
+torch, transformers and the engine), with torch's threads fixed at the cores this process may
+use (``ART_CORE_FOLLOW_FREE_CORES=0``); the median of ``--repeats`` runs.
 
 ``--churn N``: instead, the engine eager and with ``compile_decode=True`` under churn: N
 rollouts arriving over 1.5 s (seeded: prompts of 20-200 tokens, 16-160 tokens each, sampled),
@@ -45,13 +46,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
+import multiprocessing
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -358,21 +358,52 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------- parent
+# What every path imports, imported once by multiprocessing's fork server: each path's process
+# is a fork of it (no ~4 s of imports per path), fresh otherwise (no compile state, thread
+# pool or allocator of another path's; the server runs nothing but these imports).
+PRELOAD = ["torch", "transformers.modeling_layers", "art_core.engines.transformers_engine"]
+# One path's run: past this it hangs.
+CHILD_TIMEOUT_S = 1800.0
+
+
+def _child_main(spec: dict[str, Any], environment: dict[str, str], out: Any) -> None:
+    """A path's process: its environment set, its result (or traceback) sent on ``out``."""
+    os.environ.update(environment)
+    os.dup2(2, 1)  # anything a library prints goes to stderr, not into the parent's table
+    try:
+        out.send(("ok", child(spec)))
+    except BaseException:
+        out.send(("error", traceback.format_exc()))
+    finally:
+        out.close()
+
+
 def spawn(spec: dict[str, Any]) -> dict[str, Any]:
-    """One path in its own process; its result is the last line it prints."""
-    env = {**os.environ, "ART_CORE_FOLLOW_FREE_CORES": "0", "PYTHONUNBUFFERED": "1"}
+    """One path in its own process (forked from the fork server); its result."""
+    environment = {"ART_CORE_FOLLOW_FREE_CORES": "0"}
     if spec.get("cache_home"):  # the engine compiles into $ART_CORE_CACHE_DIR/inductor
-        env["ART_CORE_CACHE_DIR"] = spec["cache_home"]
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{spec['path']} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        environment["ART_CORE_CACHE_DIR"] = spec["cache_home"]
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_child_main, args=(spec, environment, send))
+    process.start()
+    send.close()
+    try:
+        if not receive.poll(CHILD_TIMEOUT_S):
+            raise RuntimeError(f"{spec['path']} gave no result in {CHILD_TIMEOUT_S:.0f} s")
+        status, value = receive.recv()
+    except EOFError:
+        status, value = "error", "its process ended without a result"
+    finally:
+        if process.is_alive():
+            process.join(30)
+        if process.is_alive():
+            process.kill()
+        process.join()
+    if status != "ok":
+        raise RuntimeError(f"{spec['path']} failed (exit code {process.exitcode}):\n{value}")
+    return dict(value)
 
 
 def same_tokens(tokens: list[list[int]], reference: list[list[int]]) -> int:
@@ -535,7 +566,6 @@ def parse_args() -> argparse.Namespace:
         help="instead: this many rollouts arriving over 1.5 s, eager vs compiled engine",
     )
     parser.add_argument("--smoke", action="store_true", help="tiny-random, 2 rows, 8 steps")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
         args.base_model, args.rows, args.steps, args.repeats = "tiny-random", "2", 8, 1
@@ -543,8 +573,4 @@ def parse_args() -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    arguments = parse_args()
-    if arguments.child:
-        print(json.dumps(child(json.loads(arguments.child))))
-    else:
-        main(arguments)
+    main(parse_args())
