@@ -10,6 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from remote_support import close_server_forks
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _server_forks_closed() -> Iterator[None]:
+    """The remote tests' fork server (``remote_support``) ends with the session."""
+    yield
+    close_server_forks()
 
 
 @pytest.fixture

@@ -1,7 +1,11 @@
 """Helpers for the remote tests: ``art-core serve`` as a real process, and a cuttable proxy.
 
 The server runs as ``python -m art_core.server.cli`` on port 0 (the OS picks a free port;
-the server prints it), with its stderr in a log file for failure messages.
+the server prints it), with its stderr in a log file for failure messages. It is forked
+from this test process's fork server (``fork_support``: torch, transformers and art_core
+imported once, about 2-5 s of every server's first model on 2 cores), in the environment,
+affinity and file limit it would have had as a subprocess; where no fork server can run, it
+is a subprocess.
 """
 
 from __future__ import annotations
@@ -14,13 +18,62 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
+
+from fork_support import ForkedChild, ForkServer
 
 import art_core as art
 
 LISTENING = re.compile(r"listening on (http://\S+)")
 TOKEN_LINE = re.compile(r"token (\S+) \(generated")
+
+# This process's fork server for test servers: started at the first server, kept for the
+# session (its imports are what it saves), started again if something killed it.
+_FORK_SERVER: list[ForkServer] = []
+_FORK_SERVER_LOCK = threading.Lock()
+# How often a forked server's output file is read for new lines.
+_TAIL_EVERY_S = 0.05
+
+
+def _server_forks() -> ForkServer | None:
+    """This process's fork server, or None where it cannot fork (a thread after its imports)."""
+    with _FORK_SERVER_LOCK:
+        if _FORK_SERVER and _FORK_SERVER[0].ready and not _FORK_SERVER[0].alive():
+            _FORK_SERVER.clear()  # killed (a timed-out test's processes are): a new one
+        if not _FORK_SERVER:
+            script = Path(__file__).with_name("fork_support.py")
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # each line as the server prints it
+            _FORK_SERVER.append(ForkServer([sys.executable, str(script)], env))
+        return _FORK_SERVER[0] if _FORK_SERVER[0].ready else None
+
+
+def close_server_forks() -> None:
+    """Stop the fork server at the end of the session, unless a server it forked still runs
+    (a test that did not stop its own: the session's reaper kills both and names them)."""
+    with _FORK_SERVER_LOCK:
+        if _FORK_SERVER and not _FORK_SERVER[0].running():
+            _FORK_SERVER.pop().close()
+
+
+def _tail(path: Path, child: ForkedChild, on_line: Any) -> None:
+    """Call ``on_line`` with each line of ``path`` as the child writes it, to its end."""
+    with open(path) as file:
+        pending = ""
+        while True:
+            ended = child.poll() is not None  # before the read: nothing written after is lost
+            chunk = file.read()
+            pending += chunk
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                on_line(line)
+            if ended and not chunk:
+                if pending:
+                    on_line(pending)
+                return
+            if not chunk:
+                time.sleep(_TAIL_EVERY_S)
 
 
 class ServerProcess:
@@ -49,7 +102,7 @@ class ServerProcess:
         self.args = list(args or [])
         self.url = ""
         self.stdout_lines: list[str] = []
-        self.process: subprocess.Popen[str] | None = None
+        self.process: subprocess.Popen[str] | ForkedChild | None = None
         self.log = self.path.parent / f"{self.path.name}-server.log"
 
     def start(self, timeout: float = 120.0) -> ServerProcess:
@@ -60,6 +113,49 @@ class ServerProcess:
         if self.token is not None:
             env["ART_CORE_TOKEN"] = self.token  # not on the command line
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        ready = threading.Event()
+
+        def on_line(line: str) -> None:
+            self.stdout_lines.append(line.rstrip("\n"))
+            found = LISTENING.search(line)
+            if found:
+                self.url = found.group(1)
+                ready.set()
+
+        forks = _server_forks()
+        if forks is not None:
+            out = self.path.parent / f"{self.path.name}-server.out"
+            out.write_text("")
+            child = forks.start(
+                {
+                    "module": "art_core.server.cli",
+                    "argv": command[3:],
+                    "cwd": os.getcwd(),
+                    "environ": env,
+                    "cores": sorted(os.sched_getaffinity(0)),
+                    "max_open_files": self.max_open_files,
+                    "out": str(out),
+                    "err": str(self.log),
+                }
+            )
+            self.process = child
+
+            def tail() -> None:
+                _tail(out, child, on_line)
+                ready.set()
+
+            threading.Thread(target=tail, daemon=True).start()
+        else:
+            self._start_subprocess(command, env, on_line, ready)
+        if not ready.wait(timeout) or not self.url:
+            self.kill()
+            raise RuntimeError(f"the server did not start: {self.describe()}")
+        self.port = int(self.url.rsplit(":", 1)[1])  # a restart reuses the port
+        return self
+
+    def _start_subprocess(
+        self, command: list[str], env: dict[str, str], on_line: Any, ready: threading.Event
+    ) -> None:
         limit = self.max_open_files
 
         def set_limits() -> None:
@@ -68,7 +164,7 @@ class ServerProcess:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
 
         with open(self.log, "a") as log:  # the child holds its own copy of the file
-            self.process = subprocess.Popen(
+            process = subprocess.Popen(
                 command,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -77,27 +173,17 @@ class ServerProcess:
                 bufsize=1,
                 preexec_fn=set_limits if limit is not None else None,
             )
-        ready = threading.Event()
-        process = self.process
+        self.process = process
 
         def read() -> None:
             # Drains stdout for the whole life of the process (a full pipe would block it).
             assert process.stdout is not None
             with process.stdout as stdout:  # closed at the end, not left to the collector
                 for line in stdout:
-                    self.stdout_lines.append(line.rstrip("\n"))
-                    found = LISTENING.search(line)
-                    if found:
-                        self.url = found.group(1)
-                        ready.set()
+                    on_line(line)
             ready.set()
 
         threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(timeout) or not self.url:
-            self.kill()
-            raise RuntimeError(f"the server did not start: {self.describe()}")
-        self.port = int(self.url.rsplit(":", 1)[1])  # a restart reuses the port
-        return self
 
     def describe(self) -> str:
         log = self.log.read_text()[-3000:] if self.log.exists() else ""
