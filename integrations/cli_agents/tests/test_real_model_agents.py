@@ -14,12 +14,13 @@ Sized to what the check needs: the task is to write one file, so Claude Code get
 ``Write`` and one turn (its tool call runs, then the turn limit ends the run), opencode only
 ``edit`` (its ``write``) and two steps (its last step answers without tools), answers capped
 at 64 tokens (a write call takes 23-40), and Codex one call. Their first prompts are 0.5-1.3k
-tokens (1.9-2.8k with every coding tool and three turns, which made each test 2-5 minutes):
-and a group is two runs, the fewest that hold a solving and a failing run (each seed of
-``AGENTS`` chosen by running groups of two: with Claude Code 4 of seeds 1-8 gave one of each,
-with opencode 1 of seeds 1-3, with Codex seeds 1 and 2; a group of four cost each test 1.5x to
-2x its time, the rollouts and the training step). Nothing smaller shows an agent solving a
-real task with a real model.
+tokens (1.9-2.8k with every coding tool and three turns, which made each test 2-5 minutes).
+A group is two runs, the fewest that hold a solving and a failing run: each seed of ``AGENTS``
+was chosen by running groups of two (Claude Code: 6 of seeds 1-8 gave one of each; opencode:
+1 of seeds 1-3; Codex: seeds 1 and 2). In a whole run under CI, groups of four took 82 s
+(Codex), 73 s (opencode) and 24 s (Claude Code), groups of two 72 s, 52 s and 18 s: the first
+prompt's prefill is shared by the group (prefix cache), its decoding and the training step are
+not. Nothing smaller shows an agent solving a real task with a real model.
 """
 
 from __future__ import annotations
