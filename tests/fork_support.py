@@ -102,8 +102,7 @@ def _child(run: Callable[[dict[str, Any]], None], request: dict[str, Any]) -> No
     if request.get("cores"):
         os.sched_setaffinity(0, request["cores"])
     if request.get("max_open_files") is not None:
-        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (request["max_open_files"], hard))
+        limit_open_files(request["max_open_files"])
     out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     err = (
         os.open(request["err"], os.O_WRONLY | os.O_CREAT | os.O_APPEND) if "err" in request else out
@@ -122,6 +121,12 @@ def _child(run: Callable[[dict[str, Any]], None], request: dict[str, Any]) -> No
     except BaseException:
         traceback.print_exc()
     raise SystemExit(status)
+
+
+def limit_open_files(limit: int) -> None:
+    """This process's soft limit of open files (RLIMIT_NOFILE), its hard limit kept."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
 
 
 def run_script(request: dict[str, Any]) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import resource
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fork_support import ForkedChild, ForkServer
+from fork_support import ForkedChild, ForkServer, limit_open_files
 
 import art_core as art
 
@@ -160,8 +159,7 @@ class ServerProcess:
 
         def set_limits() -> None:
             if limit is not None:
-                _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+                limit_open_files(limit)
 
         with open(self.log, "a") as log:  # the child holds its own copy of the file
             process = subprocess.Popen(
