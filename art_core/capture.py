@@ -11,6 +11,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from art_core.clients import async_openai_client, shared_ssl_context, sync_openai_client
+from art_core.gateway.rollout_limits import RolloutLimits
 from art_core.gateway.rollout_sampling import RolloutSampling
 from art_core.run_context import current_run as current_run  # re-exported: art.current_run
 from art_core.run_context import enter_run, exit_run
@@ -158,6 +159,24 @@ class Run:
         )
         return list(calls)
 
+    async def calls_refused(self) -> int:
+        """How many calls of this rollout the gateway refused for its ``max_calls`` (0
+        without a bound): the agent asked for more than it was allowed.
+
+        Example:
+            >>> async with capture(model, max_calls=1) as run:  # needs a registered model  # doctest: +SKIP
+            ...     await run.calls_refused()
+            0
+        """
+        state = await _rollout_settings(self, "GET", "/limits", "call limits")
+        refused = state.get("calls_refused")
+        if not isinstance(refused, int) or isinstance(refused, bool) or refused < 0:
+            raise RuntimeError(
+                f"the gateway's call limits of rollout {self.rollout_id!r} "
+                f"hold no count of refused calls: {state!r}"
+            )
+        return refused
+
     @property
     def final_calls(self) -> list[LLMCall] | None:
         """The calls recorded in this rollout once the capture block has exited; None before.
@@ -210,25 +229,22 @@ class Run:
         return trajectory
 
 
-# Attempts at setting a rollout's sampling settings when the gateway cannot be reached (the
-# request is idempotent: resending it is safe), and the wait before the second one.
+# Attempts at a rollout's settings request when the gateway cannot be reached (each is
+# idempotent: resending it is safe), and the wait before the second one.
 SAMPLING_ATTEMPTS, SAMPLING_RETRY_S = 3, 0.25
 
 
-async def set_rollout_sampling(run: Run, sampling: RolloutSampling) -> None:
-    """Tell the gateway serving ``run`` to apply ``sampling`` to every call of the rollout
-    (``PUT /rollouts/{id}/sampling``, authenticated as the rollout's calls are): one path
-    for a gateway in this process and one behind ``art-core serve``. ``RuntimeError`` naming
-    the gateway's answer when it refuses, or when it cannot be reached.
-
-    Example:
-        >>> await set_rollout_sampling(run, RolloutSampling(seed=7))  # needs a registered model: inside `capture`  # doctest: +SKIP
-    """
+async def _rollout_settings(
+    run: Run, method: str, path: str, what: str, body: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``method`` on the rollout's ``path`` (``/sampling``, ``/limits``) at the gateway serving
+    ``run``, authenticated as the rollout's calls are: one path for a gateway in this
+    process and one behind ``art-core serve``. Its JSON answer; ``RuntimeError`` naming
+    ``what`` and the gateway's answer when it refuses, or when it cannot be reached."""
     import httpx
 
-    url = f"{run.anthropic_base_url}/sampling"
+    url = f"{run.anthropic_base_url}{path}"
     key = run.model.inference_api_key or "art"
-    body = sampling.model_dump()
     async with httpx.AsyncClient(
         verify=shared_ssl_context(),
         headers={"Authorization": f"Bearer {key}"},
@@ -236,30 +252,57 @@ async def set_rollout_sampling(run: Run, sampling: RolloutSampling) -> None:
     ) as http:
         for attempt in range(1, SAMPLING_ATTEMPTS + 1):
             try:
-                response = await http.put(url, json=body)
+                response = await http.request(method, url, json=body)
                 break
             except httpx.TransportError as exc:
                 if attempt == SAMPLING_ATTEMPTS:
                     raise RuntimeError(
-                        f"could not set the sampling settings of rollout {run.rollout_id!r} "
-                        f"at {url}: {type(exc).__name__}: {exc}"
+                        f"could not reach the {what} of rollout {run.rollout_id!r} at {url}: "
+                        f"{type(exc).__name__}: {exc}"
                     ) from exc
                 await asyncio.sleep(SAMPLING_RETRY_S * attempt)
     if response.status_code == 200:
-        return
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict):
+            return answer
+        raise RuntimeError(
+            f"the gateway answered the {what} of rollout {run.rollout_id!r} "
+            f"with no JSON object: {response.text[:200]!r}"
+        )
     try:
         reason = response.json()["error"]["message"]
     except Exception:
         reason = response.text[:500]
-    hint = (
-        " (a gateway older than rollout sampling settings?)"
-        if response.status_code in (404, 405)
-        else ""
-    )
+    hint = f" (a gateway older than rollout {what}?)" if response.status_code in (404, 405) else ""
     raise RuntimeError(
-        f"the gateway refused the sampling settings of rollout {run.rollout_id!r}: "
+        f"the gateway refused the {what} of rollout {run.rollout_id!r}: "
         f"{response.status_code} {reason}{hint}"
     )
+
+
+async def set_rollout_sampling(run: Run, sampling: RolloutSampling) -> None:
+    """Tell the gateway serving ``run`` to apply ``sampling`` to every call of the rollout
+    (``PUT /rollouts/{id}/sampling``). ``RuntimeError`` naming the gateway's answer when it
+    refuses, or when it cannot be reached.
+
+    Example:
+        >>> await set_rollout_sampling(run, RolloutSampling(seed=7))  # needs a registered model: inside `capture`  # doctest: +SKIP
+    """
+    await _rollout_settings(run, "PUT", "/sampling", "sampling settings", sampling.model_dump())
+
+
+async def set_rollout_limits(run: Run, limits: RolloutLimits) -> None:
+    """Tell the gateway serving ``run`` to answer at most ``limits.max_calls`` calls of the
+    rollout and refuse the later ones (``PUT /rollouts/{id}/limits``, see
+    ``art_core.gateway.rollout_limits``). ``RuntimeError`` as ``set_rollout_sampling``.
+
+    Example:
+        >>> await set_rollout_limits(run, RolloutLimits(max_calls=1))  # needs a registered model: inside `capture`  # doctest: +SKIP
+    """
+    await _rollout_settings(run, "PUT", "/limits", "call limits", limits.model_dump())
 
 
 @asynccontextmanager
@@ -269,6 +312,7 @@ async def capture(
     rollout_id: str | None = None,
     metadata: dict[str, Any] | None = None,
     sampling: RolloutSampling | None = None,
+    max_calls: int | None = None,
 ) -> AsyncIterator[Run]:
     """Open a rollout: calls sent to ``run.base_url`` are recorded under a fresh rollout id.
 
@@ -278,6 +322,11 @@ async def capture(
     index in the rollout (the same seed replays the same run). The gateway learns them on
     entry and forgets them when the rollout is released at exit; each call records what was
     applied as ``request_params["rollout_sampling"]``.
+
+    ``max_calls``: the gateway answers at most this many calls of the rollout; a later one
+    is refused (403, ``rollout_limit_error``) before anything is sampled or recorded, and
+    counted (``await run.calls_refused()``): an agent with no turn bound of its own can be
+    stopped the moment it asks for more.
 
     Example:
         >>> async with art.capture(model) as run:  # needs a registered model  # doctest: +SKIP
@@ -289,11 +338,14 @@ async def capture(
     """
     if sampling is not None and not isinstance(sampling, RolloutSampling):
         raise TypeError(f"sampling must be an art.RolloutSampling, got {type(sampling).__name__}")
+    limits = RolloutLimits(max_calls=max_calls)  # ValidationError for a bound below 1
     run = Run(model, rollout_id or new_id("rollout"), dict(metadata or {}), sampling)
+    # Before any call of the rollout can reach the gateway (and before the run is traced: a
+    # run the gateway refused never started).
     if sampling is not None:
-        # Before any call of the rollout can reach the gateway (and before the run is
-        # traced: a run the gateway refused never started).
         await set_rollout_sampling(run, sampling)
+    if limits.max_calls is not None:
+        await set_rollout_limits(run, limits)
     tracing.run_started(run)
     token = enter_run(run)
     error: Exception | None = None

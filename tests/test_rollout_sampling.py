@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 os.environ.setdefault(
@@ -267,8 +268,9 @@ def test_call_seeds_are_deterministic_and_distinct() -> None:
 
 @pytest.mark.slow
 async def test_a_remote_gateway_applies_the_settings_behind_its_token(tmp_path: Path) -> None:
-    """``art-core serve`` in its own process: ``capture`` sets the settings over HTTP with
-    the model's token (the same code path as a local gateway); without it, 401."""
+    """``art-core serve`` in its own process: ``capture`` sets the settings (and a call
+    bound) over HTTP with the model's token (the same code path as a local gateway); without
+    it, 401."""
     server = ServerProcess(tmp_path / "art").start()
     backend = server.backend()
     try:
@@ -276,11 +278,22 @@ async def test_a_remote_gateway_applies_the_settings_behind_its_token(tmp_path: 
         await model.register(backend)
         runs = []
         for _ in range(2):
-            async with art.capture(model, sampling=art.RolloutSampling(seed=11)) as run:
-                await run.openai_client().chat.completions.create(
-                    model=run.model_name, messages=MESSAGES, max_tokens=TOKENS
-                )
+            sampling = art.RolloutSampling(seed=11)
+            # The call bound goes the same way (tests/test_rollout_limits.py, locally).
+            async with art.capture(model, sampling=sampling, max_calls=1) as run:
+                client = run.openai_client(max_retries=0)
+                for answered in (True, False):
+                    try:
+                        await client.chat.completions.create(
+                            model=run.model_name, messages=MESSAGES, max_tokens=TOKENS
+                        )
+                    except openai.PermissionDeniedError:
+                        assert not answered
+                    else:
+                        assert answered
+                assert await run.calls_refused() == 1
             runs.append(run)
+        assert [len(r.calls) for r in runs] == [1, 1]
         first, again = (r.calls[0] for r in runs)
         assert first.completion_token_ids == again.completion_token_ids
         assert first.request_params["rollout_sampling"]["rollout_seed"] == 11

@@ -122,6 +122,7 @@ async def prepare_translated(
         api=api,
         request_params=translated.recorded,
         sampling=serving.rollout_sampling.get(rollout_id),
+        limits=serving.rollout_limits,
     )
 
 

@@ -28,6 +28,7 @@ from art_core.gateway.body import parse_json_object
 from art_core.gateway.errors import APIError, validation_message
 from art_core.gateway.grammar import json_grammar
 from art_core.gateway.prompts import normalize_message
+from art_core.gateway.rollout_limits import RolloutLimitsStore
 from art_core.gateway.rollout_sampling import RolloutSampling, apply_rollout_sampling
 from art_core.gateway.schemas import (
     ChatCompletionRequest,
@@ -221,12 +222,15 @@ async def prepare_call(
     api: str = "chat.completions",
     request_params: dict[str, Any] | None = None,
     sampling: RolloutSampling | None = None,
+    limits: RolloutLimitsStore | None = None,
 ) -> PreparedCall:
     """Render, tokenize and check one request for ``served`` (see the module). A token limit
     the context cannot hold is lowered to fit (recorded as
     ``request_params["max_tokens_fitted"]``). ``sampling``, the rollout's own settings
     (``Gateway.rollout_sampling``), override the request's (``rollout_sampling``; what
-    was applied is recorded as ``request_params["rollout_sampling"]``).
+    was applied is recorded as ``request_params["rollout_sampling"]``). ``limits``
+    (``Serving.rollout_limits``) admits the call or refuses it (403) when its rollout has had
+    its ``max_calls``, after every check of the request and before anything is sampled.
 
     The other wire APIs translate their requests to a chat request and come here too:
     ``api`` names theirs, ``request_params`` are their own recorded parameters.
@@ -257,7 +261,10 @@ async def prepare_call(
         top_logprobs=chat.top_logprobs or 0,
         grammar=grammar_for(chat, tools, chat_format, opened_reasoning=opened_reasoning),
     )
-    # Reserved last: a request refused above takes no index (and so shifts no derived seed).
+    # Admitted, then reserved, last: a request refused above takes no index (and so shifts
+    # no derived seed) and counts nothing against its rollout's bound.
+    if limits is not None:
+        limits.admit(rollout_id)
     index = served.store.next_index(rollout_id)
     apply_rollout_sampling(sampling, params, params_recorded, index)
     return PreparedCall(

@@ -20,6 +20,7 @@ from art_core.gateway.body import DEFAULT_MAX_BODY_BYTES
 from art_core.gateway.errors import APIError, scrub_paths
 from art_core.gateway.pacing import StreamPacing
 from art_core.gateway.requests import DEFAULT_MAX_METADATA_BYTES
+from art_core.gateway.rollout_limits import RolloutLimitsStore
 from art_core.gateway.rollout_sampling import RolloutSamplingStore
 from art_core.gateway.schemas import SchemaChecks
 from art_core.gateway.served import ServedModel
@@ -71,6 +72,9 @@ class Serving:
         # its calls by ``prepare_call``; held here rather than per model: a rollout may call
         # any model, and the settings may come before its first call names one.
         self.rollout_sampling = RolloutSamplingStore()
+        # Each rollout's bound on its calls (``PUT /rollouts/{id}/limits``), enforced where
+        # its calls are prepared, before anything is sampled.
+        self.rollout_limits = RolloutLimitsStore()
         self._api_state: dict[str, object] = {}
 
     def state(self, api: str, make: Callable[[], T]) -> T:
@@ -90,8 +94,9 @@ class Serving:
         """Serve ``served`` under its name (replacing a model of that name)."""
         self.models[served.name] = served
         # A rollout released (its calls handed to the trainer) is over: its settings go too.
-        if self.rollout_sampling.discard not in served.store.release_listeners:
-            served.store.release_listeners.append(self.rollout_sampling.discard)
+        for discard in (self.rollout_sampling.discard, self.rollout_limits.discard):
+            if discard not in served.store.release_listeners:
+                served.store.release_listeners.append(discard)
 
     def model_ids(self) -> list[str]:
         """Every name a request may use: ``NAME`` and ``NAME@STEP`` of each loaded adapter."""

@@ -25,6 +25,7 @@ from pydantic.json_schema import models_json_schema
 from art_core.gateway.apis.completions import CompletionRequest
 from art_core.gateway.apis.messages import CountTokensRequest, MessagesRequest
 from art_core.gateway.apis.responses import ResponsesRequest
+from art_core.gateway.rollout_limits import RolloutLimits
 from art_core.gateway.rollout_sampling import RolloutSampling
 from art_core.gateway.schemas import ChatCompletionRequest
 from art_core.server.api import MODEL, NDJSON
@@ -80,7 +81,8 @@ def _operations() -> list[Operation]:
 
 
 def _inference_operations() -> list[Operation]:
-    """The gateway's routes: health, rollout sampling and the wire APIs (also per rollout)."""
+    """The gateway's routes: health, rollout sampling and limits, and the wire APIs (also per
+    rollout)."""
     chat = "Chat completion (OpenAI's protocol), recorded token-exactly"
     operations = [
         Operation("get", "/health", "Liveness and the models served"),
@@ -90,6 +92,20 @@ def _inference_operations() -> list[Operation]:
             "Set the sampling settings (seed, temperature, top_p) of every call of a rollout, "
             "in every wire API; all null removes them",
             RolloutSampling,
+            busy=False,
+        ),
+        Operation(
+            "put",
+            "/rollouts/{rollout_id}/limits",
+            "Bound the calls of a rollout (max_calls): past it a call is refused with a 403, "
+            "unsampled and unrecorded; null removes the bound",
+            RolloutLimits,
+            busy=False,
+        ),
+        Operation(
+            "get",
+            "/rollouts/{rollout_id}/limits",
+            "A rollout's bound on its calls, and how many it admitted and refused",
             busy=False,
         ),
     ]

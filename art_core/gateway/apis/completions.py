@@ -403,6 +403,9 @@ async def prepare(
         # The length first: the ids checked one by one are at most a context's worth.
         limits.append(_token_limit(request, served, len(ids), _where(i, len(prompts))))
         _check_ids(served, ids, i, len(prompts))
+    # Every prompt is a call of the rollout: all of them admitted against its bound, or the
+    # request refused (403) before anything is sampled.
+    serving.rollout_limits.admit(rollout, len(prompts))
     for i, (prompt, ids, limit) in enumerate(zip(prompts, encoded, limits, strict=True)):
         params_recorded = dict(recorded)
         if len(prompts) > 1:

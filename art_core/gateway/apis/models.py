@@ -1,7 +1,8 @@
 """The gateway's own routes, beside the wire APIs: ``GET /health``, ``GET /v1/models`` and
 ``GET /v1/models/{id}`` (OpenAI's model list, every served ``NAME`` and ``NAME@STEP``), and
 ``PUT /rollouts/{rollout_id}/sampling`` (a rollout's own sampling settings,
-``gateway.rollout_sampling``)."""
+``gateway.rollout_sampling``), ``PUT`` and ``GET /rollouts/{rollout_id}/limits`` (a bound on
+a rollout's calls and what it refused, ``gateway.rollout_limits``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from art_core.gateway.body import parse_json_object, read_body
 from art_core.gateway.errors import APIError, validation_message
+from art_core.gateway.rollout_limits import RolloutLimits
 from art_core.gateway.rollout_sampling import RolloutSampling
 from art_core.gateway.routes import ROLLOUT_PREFIX, APIRoute
 from art_core.gateway.serving import Serving, rollout_id
@@ -60,6 +62,40 @@ async def set_rollout_sampling(serving: Serving, request: Request) -> Response:
     )
 
 
+async def set_rollout_limits(serving: Serving, request: Request) -> Response:
+    """``PUT /rollouts/{rollout_id}/limits``: set (replace) the bound on the rollout's calls
+    (``rollout_limits``: past ``max_calls`` a call is refused with a 403, unsampled and
+    unrecorded); ``{}`` removes it. The rollout need not have called yet. Answers the
+    rollout's state, as ``GET`` does; 400 naming the field for a bad body.
+
+    Example:
+        >>> httpx.put(f"{root}/rollouts/r1/limits", json={"max_calls": 1})  # needs a network service: a gateway at `root`  # doctest: +SKIP
+    """
+    rollout = rollout_id(request)
+    assert rollout is not None  # the route's path has it
+    payload = parse_json_object(await read_body(request, serving.max_body_bytes))
+    try:
+        limits = RolloutLimits.model_validate(payload)
+    except ValidationError as exc:
+        message, param = validation_message(exc)
+        raise APIError(400, message, param=param) from None
+    serving.rollout_limits.set(rollout, limits)
+    return JSONResponse({"rollout_id": rollout, **serving.rollout_limits.state(rollout)})
+
+
+async def get_rollout_limits(serving: Serving, request: Request) -> Response:
+    """``GET /rollouts/{rollout_id}/limits``: ``{"rollout_id", "max_calls", "calls_admitted",
+    "calls_refused"}`` (``max_calls`` null: unbounded).
+
+    Example:
+        >>> httpx.get(f"{root}/rollouts/r1/limits").json()["calls_refused"]  # needs a network service: a gateway at `root`  # doctest: +SKIP
+        0
+    """
+    rollout = rollout_id(request)
+    assert rollout is not None  # the route's path has it
+    return JSONResponse({"rollout_id": rollout, **serving.rollout_limits.state(rollout)})
+
+
 def model_card(model_id: str) -> dict[str, Any]:
     """One entry of ``/v1/models``.
 
@@ -75,4 +111,6 @@ ROUTES = (
     APIRoute("/v1/models/{model_id:path}", get_model, methods=("GET",)),
     APIRoute("/health", health, methods=("GET",), prefixes=("",)),
     APIRoute("/sampling", set_rollout_sampling, methods=("PUT",), prefixes=(ROLLOUT_PREFIX,)),
+    APIRoute("/limits", set_rollout_limits, methods=("PUT",), prefixes=(ROLLOUT_PREFIX,)),
+    APIRoute("/limits", get_rollout_limits, methods=("GET",), prefixes=(ROLLOUT_PREFIX,)),
 )

@@ -165,7 +165,8 @@ async def rollout(
 ) -> art.Trajectory:
     """Run ``agent`` once on ``task`` against ``model`` and return the scored trajectory
     (see the module). Metrics: ``exit_code`` (-1 when killed by the timeout or stopped),
-    ``timed_out``, ``stopped_after_calls`` (ended by ``limits.max_calls``),
+    ``timed_out``, ``stopped_after_calls`` (ended by ``limits.max_calls``: stopped, or
+    ended by itself once the gateway refused a call past it),
     ``agent_seconds``, ``output_bytes``, ``check_exit_code``, ``network_isolated``,
     ``filesystem_isolated``, ``processes_killed`` (the agent's processes still alive when it
     ended or timed out, all killed), ``process_limit`` (0: none). Its second log line says
@@ -186,6 +187,7 @@ async def rollout(
             model,
             metadata={"agent": agent.name, **task.metadata, **(metadata or {})},
             sampling=sampling,
+            max_calls=limits.max_calls,
         ) as run:
             rollout_env = run.env()
             values = {
@@ -230,29 +232,42 @@ async def rollout(
                     watcher.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await watcher
+            # Whether it asked past its bound, ended by the stop or by itself on the refusal.
+            at_limit = result.stopped or (
+                limits.max_calls is not None and await run.calls_refused() > 0
+            )
         check = await _run_check(task, folders, limits, network=network, filesystem=filesystem)
         command = shlex.join(agent.command({**values, "prompt": "<prompt>"}))
         return run.trajectory(
             reward=reward_of(check),
-            metrics=_run_metrics(result, check),
-            logs=_run_logs(command, result, check, folders),
+            metrics=_run_metrics(result, check, at_limit),
+            logs=_run_logs(command, result, check, folders, at_limit),
         )
     finally:
         await asyncio.to_thread(shutil.rmtree, scratch, True)
 
 
-# How often a run with ``Limits.max_calls`` asks how many of its calls were answered.
+# How often a run with ``Limits.max_calls`` asks the gateway how far it got.
 _CALLS_POLL_S = 0.5
 
 
 async def _stop_after_calls(run: art.Run, limits: Limits, stop: asyncio.Event) -> None:
-    """Set ``stop`` ``limits.settle_s`` after the run's ``limits.max_calls``-th call was
-    answered (recorded by the gateway)."""
+    """Set ``stop`` once the agent asks for a call past ``limits.max_calls`` (the gateway
+    refused it, unsampled: the agent acted on its last answer, its tools ran, before it asked
+    again), or ``limits.settle_s`` after the last allowed call was answered, whichever comes
+    first (an agent that neither asks again nor ends)."""
     assert limits.max_calls is not None
-    # No event says a call was recorded (the backend may be remote): asked, not told.
-    while len(await run.fetch_calls()) < limits.max_calls:  # noqa: ASYNC110
+    # No event says a call was recorded or refused (the backend may be remote): asked, not
+    # told.
+    while len(await run.fetch_calls()) < limits.max_calls:
+        if await run.calls_refused():
+            break
         await asyncio.sleep(_CALLS_POLL_S)
-    await asyncio.sleep(limits.settle_s)
+    else:
+        loop = asyncio.get_running_loop()
+        settled = loop.time() + limits.settle_s
+        while loop.time() < settled and not await run.calls_refused():  # noqa: ASYNC110
+            await asyncio.sleep(min(_CALLS_POLL_S, limits.settle_s))
     stop.set()
 
 
@@ -327,20 +342,26 @@ async def _run_check(
     )
 
 
-def _how_it_ended(result: ProcessResult) -> str:
+def _how_it_ended(result: ProcessResult, at_limit: bool) -> str:
     if result.stopped:
         return "stopped after its last call (Limits.max_calls)"
+    if at_limit:
+        return "ended on the refusal of a call past Limits.max_calls"
     return "timed out" if result.timed_out else "ended"
 
 
 def _run_logs(
-    command: str, result: ProcessResult, check: ProcessResult | None, folders: _RunFolders
+    command: str,
+    result: ProcessResult,
+    check: ProcessResult | None,
+    folders: _RunFolders,
+    at_limit: bool,
 ) -> list[str]:
     """The run's log lines: the command (prompt elided), how it ended, the ends of its
     output and of the check's."""
     logs = [
         f"$ {command}",
-        f"exit: {result.exit_code} ({_how_it_ended(result)}) after "
+        f"exit: {result.exit_code} ({_how_it_ended(result, at_limit)}) after "
         f"{result.seconds:.1f} s; network {result.network}; filesystem {result.filesystem} "
         f"(cwd {folders.seen_work}, HOME {folders.seen_home}); {result.processes_killed} "
         "processes left, killed",
@@ -353,13 +374,13 @@ def _run_logs(
 
 
 def _run_metrics(
-    result: ProcessResult, check: ProcessResult | None
+    result: ProcessResult, check: ProcessResult | None, at_limit: bool
 ) -> dict[str, float | int | bool]:
     """The run's metrics (see ``rollout``)."""
     return {
         "exit_code": -1 if result.exit_code is None else result.exit_code,
         "timed_out": result.timed_out,
-        "stopped_after_calls": result.stopped,
+        "stopped_after_calls": at_limit,
         "agent_seconds": result.seconds,
         "output_bytes": result.output_bytes,
         "check_exit_code": -1 if check is None or check.exit_code is None else check.exit_code,

@@ -71,11 +71,13 @@ class Limits:
     blocks on a full pipe nor grows memory); ``max_processes``: processes and threads alive
     at once, where the kernel bounds them per PID namespace (Linux 6.14+, isolated runs): a
     fork fails beyond a number between it and it + 300 (None: no bound); ``max_calls``: the
-    run is stopped (killed like a timed-out one, but not counted as timed out) ``settle_s``
-    seconds after its ``max_calls``-th model call was answered, time to act on that answer
-    (run the tools it asked for): a bound in turns for agents that have none of their own
-    (Codex CLI), so that how far a run gets does not depend on the machine's speed (None:
-    no bound).
+    gateway answers at most this many model calls of the run and refuses a later one
+    unsampled (``art.capture(max_calls=...)``); the run is stopped (killed like a timed-out
+    one, but not counted as timed out) as soon as it asks for that call (it has acted on its
+    last answer: the tools it asked for ran), or ``settle_s`` seconds after its last allowed
+    call was answered if it neither asks again nor ends: a bound in turns for agents that
+    have none of their own (Codex CLI), so that how far a run gets does not depend on the
+    machine's speed (None: no bound).
     """
 
     timeout_s: float = 600.0

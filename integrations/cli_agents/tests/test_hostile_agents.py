@@ -296,6 +296,23 @@ async def test_an_agent_without_a_turn_bound_is_stopped_after_max_calls(
         cli.Limits(settle_s=-1.0)
 
 
+async def test_an_agent_that_asks_past_max_calls_is_refused_and_its_run_ends_then(
+    cli_model: art.TrainableModel,
+) -> None:
+    """An agent that asks again at once: its call past ``max_calls`` is refused by the
+    gateway (unsampled, unrecorded) and the run ends then, by itself on the refusal or
+    stopped, not after ``settle_s`` (here longer than the run's timeout: waiting for it
+    would time the run out)."""
+    limits = cli.Limits(timeout_s=300, max_calls=2, settle_s=600)
+    task = cli.Task("turns", check='test "$(cat turns.txt)" = 2')
+    trajectory = await cli.rollout(cli_model, fake("turns", "0"), task, limits=limits)
+    assert len(trajectory.calls) == 2, trajectory.logs
+    assert trajectory.metrics["stopped_after_calls"] is True, trajectory.logs
+    assert trajectory.metrics["timed_out"] is False, trajectory.logs
+    assert trajectory.reward == 1.0, trajectory.logs  # it acted on both answers
+    assert "Limits.max_calls" in trajectory.logs[1]
+
+
 async def test_a_flood_of_output_is_bounded(cli_model: art.TrainableModel) -> None:
     limits = cli.Limits(max_output_bytes=1000)
     trajectory = await cli.rollout(

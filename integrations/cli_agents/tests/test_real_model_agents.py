@@ -74,8 +74,10 @@ def binary(name: str) -> str:
 # once by running: a seed decides the group's runs), and its limits. Claude Code and opencode
 # stop after their turns (far beyond what those take on one loaded core: the turns end their
 # runs, never the clock); Codex has no such setting, and a 0.5B model rarely ends a run by
-# itself: each run is stopped 10 s after its first answer (Limits.max_calls), and the check
-# scores what it left. Its solving run writes the file in that first call. A time limit did
+# itself: each run ends when it asks for a second call (Limits.max_calls: the gateway refuses
+# it unsampled), or 10 s after its first answer, and the check scores what it left. Its
+# solving run writes the file in that first call. (Stopped 10 s after the first answer, its
+# runs made 3 more calls in those 10 s, computed and trained on: 32 s alone, now 27 s.) A time limit did
 # this before (90 s): the first answers of the group take 15-20 s with this 2-core machine to
 # itself but 46-90 s under CI (one core, beside the background installs), so how far a run
 # got, and the test, depended on the machine.
