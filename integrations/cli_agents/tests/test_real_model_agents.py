@@ -12,15 +12,20 @@ the other does not, and the GRPO step on the group changes the adapter.
 
 Sized to what the check needs: the task is to write one file, so Claude Code gets only
 ``Write`` and one turn (its tool call runs, then the turn limit ends the run), opencode only
-``edit`` (its ``write``) and two steps (its last step answers without tools), answers capped
-at 64 tokens (a write call takes 23-40), and Codex one call. Their first prompts are 0.5-1.3k
+``edit`` (its ``write``) and two steps (at its last step it may not call tools), answers
+capped at 64 tokens (a write call takes 23-40), and Codex and opencode one call each
+(``Limits(max_calls=1)``: the gateway refuses the second unsampled, and the run ends as the
+agent asks for it, its tool call run). Their first prompts are 0.5-1.3k
 tokens (1.9-2.8k with every coding tool and three turns, which made each test 2-5 minutes).
 A group is two runs, the fewest that hold a solving and a failing run: each seed of ``AGENTS``
 was chosen by running groups of two (Claude Code: 6 of seeds 1-8 gave one of each; opencode:
 1 of seeds 1-3; Codex: seeds 1 and 2). In a whole run under CI, groups of four took 82 s
 (Codex), 73 s (opencode) and 24 s (Claude Code), groups of two 72 s, 52 s and 18 s: the first
 prompt's prefill is shared by the group (prefix cache), its decoding and the training step are
-not. Nothing smaller shows an agent solving a real task with a real model.
+not. Each run ended at its call bound (instead of 10 s after Codex's first answer, in which
+its runs made 3 more calls, and after opencode's second step), a group alone on 2 idle cores
+takes 27 s instead of 32 s (Codex) and 21 s instead of 38 s (opencode), with the same
+rewards. Nothing smaller shows an agent solving a real task with a real model.
 """
 
 from __future__ import annotations
@@ -71,16 +76,16 @@ def binary(name: str) -> str:
 
 
 # Each agent with its tools and prompt, the rollout seed and temperature of its group (chosen
-# once by running: a seed decides the group's runs), and its limits. Claude Code and opencode
-# stop after their turns (far beyond what those take on one loaded core: the turns end their
-# runs, never the clock); Codex has no such setting, and a 0.5B model rarely ends a run by
-# itself: each run ends when it asks for a second call (Limits.max_calls: the gateway refuses
-# it unsampled), or 10 s after its first answer, and the check scores what it left. Its
-# solving run writes the file in that first call. (Stopped 10 s after the first answer, its
-# runs made 3 more calls in those 10 s, computed and trained on: 32 s alone, now 27 s.) A time limit did
-# this before (90 s): the first answers of the group take 15-20 s with this 2-core machine to
-# itself but 46-90 s under CI (one core, beside the background installs), so how far a run
-# got, and the test, depended on the machine.
+# once by running: a seed decides the group's runs), and its limits. Claude Code stops after
+# its turn; opencode's second step may not call tools, so its run ends when it asks for that
+# step (Limits.max_calls=1); Codex has no turn bound, and a 0.5B model rarely ends a run by
+# itself: its run ends when it asks for a second call too. The gateway refuses that call
+# unsampled, so the calls end the runs, never the clock, and the check scores what the first
+# call's tool left (each solving run writes the file there). Before, a Codex run was stopped
+# 10 s after its first answer (its runs made 3 more calls in those 10 s, computed and trained
+# on), and a time limit before that (90 s): the first answers of the group take 15-20 s with
+# this 2-core machine to itself but 46-90 s under CI (one core, beside the background
+# installs), so how far a run got, and the test, depended on the machine.
 # The agents write today's date into their prompts: a seeded group replays only if that date
 # is always the same (art_cli_agents.clock). Claude Code and opencode run on a fixed clock;
 # Codex (a static binary libfaketime cannot reach) leaves its date out.
@@ -122,7 +127,7 @@ AGENTS: dict[str, tuple[Callable[[], cli.CLIAgent], art.RolloutSampling, cli.Lim
             )
         ),
         art.RolloutSampling(seed=2, temperature=1.0),
-        cli.Limits(timeout_s=600),
+        cli.Limits(timeout_s=600, max_calls=1),
     ),
 }
 
