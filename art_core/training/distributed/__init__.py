@@ -4,7 +4,8 @@
 Ray actor group), and whether FSDP2 shards the frozen base. ``DistributedTrainer`` is a
 ``Trainer`` whose steps run on that world: ``coordinator`` (split and commit), ``rank``
 (one rank's share of a step), ``balance`` (token-balanced split), ``fsdp`` (sharding),
-``local_group`` / ``ray_group`` (launchers), ``messages`` (the JSON they exchange).
+``local_group`` / ``ray_group`` (launchers; ``rank_forks``: local ranks forked from one
+warmed-up process), ``messages`` (the JSON they exchange).
 
 Example:
     >>> from art_core.training.distributed import DistributedTrainer, TrainingWorld

@@ -1,11 +1,13 @@
-"""Rank processes on this machine: one ``python -m`` subprocess per rank, kept across steps.
+"""Rank processes on this machine: one process per rank, kept across steps.
 
-Each rank is a fresh interpreter running this module (not a fork of the backend, and not a
-``multiprocessing`` spawn that would re-run the user's script): it joins the process group
-through a ``FileStore`` in a private temporary folder (no port to pick, nothing to collide
-with), and talks to the coordinator over two pipes it inherits, one JSON message per frame
-(``multiprocessing.connection`` framing, raw bytes, never pickle). Its stdout and stderr go
-to ``logs/train-rank{r}.log`` in the model folder.
+Each rank is forked from a launcher of the world's own (``rank_forks``: one fresh interpreter
+that has imported what a rank runs; not a fork of the backend, and not a ``multiprocessing``
+spawn that would re-run the user's script), ended with the world: a world that failed leaves
+no process behind, whether or not the trainer forms another. A rank joins the process group through a ``FileStore`` in a private
+temporary folder (no port to pick, nothing to collide with), and talks to the coordinator over
+two pipes it is given, one JSON message per frame (``multiprocessing.connection`` framing, raw
+bytes, never pickle). Its stdout and stderr go to ``logs/train-rank{r}.log`` in the model
+folder, the launcher's to ``logs/train-ranks.log``.
 
 A rank that dies closes its pipe: the reader thread reports it at once, so a dead rank is
 seen in well under a second, whatever the survivors are blocked on.
@@ -18,15 +20,14 @@ import queue
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
-import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from art_core.training.distributed.messages import dumps, error_message, loads
+from art_core.training.distributed.messages import dumps, loads
+from art_core.training.distributed.rank_forks import ForkedRank, RankForks
 from art_core.training.distributed.world import TrainingWorld
 
 # Seconds a rank gets to leave the process group and exit after "close" before it is killed.
@@ -63,7 +64,8 @@ class LocalRankGroup:
         self.log_dir = Path(log_dir)
         self.size = world.ranks
         self.events: queue.Queue[tuple[int, dict[str, Any] | None]] = queue.Queue()
-        self._processes: list[subprocess.Popen[bytes]] = []
+        self._forks: RankForks | None = None
+        self._processes: list[ForkedRank] = []
         self._requests: list[Connection] = []
         self._readers: list[threading.Thread] = []
         self._store_dir: Path | None = None
@@ -92,29 +94,27 @@ class LocalRankGroup:
         package_root = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # Read by OpenMP and MKL as torch loads them: the launcher's, for every rank.
         threads = str(self.world.threads())
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        if self._forks is not None:  # a launch after a failed one that stopped nothing
+            self._forks.close()
+        self._forks = RankForks(env, self.log_dir / "train-ranks.log")
         for rank in range(self.size):
             request_read, request_write = os.pipe()
             reply_read, reply_write = os.pipe()
             rank_env = {
                 **env,
-                "OMP_NUM_THREADS": threads,
-                "MKL_NUM_THREADS": threads,
                 "RANK": str(rank),
                 "LOCAL_RANK": str(rank),
                 "WORLD_SIZE": str(self.size),
             }
-            with open(self.log_dir / f"train-rank{rank}.log", "ab") as log:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", __name__, str(request_read), str(reply_write)],
-                    pass_fds=(request_read, reply_write),
-                    env=rank_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            os.close(request_read)
-            os.close(reply_write)
+            log = self.log_dir / f"train-rank{rank}.log"
+            try:
+                process = self._forks.fork(rank_env, log, request_read, reply_write)
+            finally:
+                os.close(request_read)
+                os.close(reply_write)
             self._processes.append(process)
             self._requests.append(Connection(request_write, readable=False))
             reader = threading.Thread(
@@ -159,7 +159,8 @@ class LocalRankGroup:
         return bool(self._processes) and all(p.poll() is None for p in self._processes)
 
     def stop(self, *, failed: bool) -> None:
-        """End the rank processes: asked to close (``failed=False``) or killed outright."""
+        """End the rank processes, asked to close (``failed=False``) or killed outright, and
+        their launcher."""
         if not failed:
             for rank in range(len(self._processes)):
                 self.send(rank, "close", {})
@@ -177,40 +178,9 @@ class LocalRankGroup:
         for reader in self._readers:
             reader.join(timeout=CLOSE_GRACE_S)
         self._processes, self._requests, self._readers = [], [], []
+        if self._forks is not None:
+            self._forks.close()
+            self._forks = None
         if self._store_dir is not None:
             shutil.rmtree(self._store_dir, ignore_errors=True)
             self._store_dir = None
-
-
-def serve(requests: Connection, replies: Connection) -> None:
-    """The rank process's loop: one op at a time until ``close`` or the pipe closes."""
-    from art_core.training.distributed.rank import RankWorker  # torch: in the rank process only
-
-    worker = RankWorker()
-
-    def emit(event: dict[str, Any]) -> None:
-        replies.send_bytes(dumps({"kind": "event", "event": event}))
-
-    while True:
-        try:
-            message = loads(requests.recv_bytes())
-        except EOFError:
-            break  # the coordinator is gone
-        op = message.get("op")
-        try:
-            result = worker.handle(str(op), message.get("payload") or {}, emit)
-            reply = {"kind": "result", "result": result}
-        except Exception as error:
-            traceback.print_exc()  # into this rank's log
-            sys.stderr.flush()
-            reply = error_message(error)
-        replies.send_bytes(dumps(reply))
-        if op == "close":
-            break
-    worker.close()
-
-
-if __name__ == "__main__":
-    serve(
-        Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False)
-    )

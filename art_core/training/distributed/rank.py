@@ -28,8 +28,11 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
+import traceback
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +42,7 @@ import torch.distributed as dist
 from art_core.memory import release_freed_memory
 from art_core.training.checkpoints import stage_checkpoint
 from art_core.training.config import TrainConfig, TrainingSettings
-from art_core.training.distributed.messages import decode_examples
+from art_core.training.distributed.messages import decode_examples, dumps, error_message, loads
 from art_core.training.loading import load_trainable_model
 from art_core.training.memory import DevicePeak, MemoryPlan, SequenceSize
 from art_core.training.packing import MicroBatch, TrainingExample, make_micro_batches, pack_row
@@ -377,3 +380,30 @@ class RankWorker:
         self.trainer = None
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def serve(requests: Connection, replies: Connection) -> None:
+    """A rank process's loop: one op at a time from the coordinator, until ``close`` or the
+    pipe closes (the coordinator is gone); each answered with its result or its error."""
+    worker = RankWorker()
+
+    def emit(event: dict[str, Any]) -> None:
+        replies.send_bytes(dumps({"kind": "event", "event": event}))
+
+    while True:
+        try:
+            message = loads(requests.recv_bytes())
+        except EOFError:
+            break  # the coordinator is gone
+        op = message.get("op")
+        try:
+            result = worker.handle(str(op), message.get("payload") or {}, emit)
+            reply = {"kind": "result", "result": result}
+        except Exception as error:
+            traceback.print_exc()  # into this rank's log
+            sys.stderr.flush()
+            reply = error_message(error)
+        replies.send_bytes(dumps(reply))
+        if op == "close":
+            break
+    worker.close()
