@@ -2,8 +2,8 @@
 eager step, with compile times and the weight-read floor.
 
 For each batch of ``--rows`` rows (prompts of different lengths, left-padded), ``--steps``
-greedy decode steps of ``--base-model`` in the engine's serving dtype
-(``art_core.device.serving_dtype``: bf16 on CPUs that compute it natively), in ms per step:
+greedy decode steps of ``--base-model`` in ``--dtype`` (default: the engine's serving dtype,
+``art_core.device.serving_dtype``: bf16 on CPUs that compute it natively), in ms per step:
 
 - ``model.generate``: Hugging Face's greedy loop (``min_new_tokens`` = ``max_new_tokens``),
   timed between consecutive steps inside it (a logits processor's clock); plain weights;
@@ -40,6 +40,12 @@ Usage: bash run.sh bench compiled_decode [--base-model smollm2-135m] [--rows 1,8
                                          [--steps 64] [--repeats 3] [--dynamic]
                                          [--adapter-rank R] [--churn N]
        bash run.sh bench compiled_decode --smoke   (tiny-random, 2 rows of 8 steps, once)
+
+``--smoke`` runs every path once, in fp32, and compiles into the art_core cache of its
+environment (``compile_cache_dir()``, ``$ART_CORE_CACHE_DIR/inductor``: where the engine
+compiles by default) rather than an empty one: the graphs are those the engine's tests
+compile (``tests/test_engine_compiled.py``, fp32 tiny-random), so a test run compiles them
+once. Its compile times are then not a cold cache's: a smoke run measures nothing.
 """
 
 from __future__ import annotations
@@ -93,7 +99,7 @@ def load(spec: dict[str, Any], pack: bool) -> tuple[Any, Any]:
     from art_core.engines.packed import pack_linears, packing_supported
 
     path = spec["model_path"]
-    dtype = serving_dtype("cpu")
+    dtype = getattr(torch, spec["dtype"]) if spec.get("dtype") else serving_dtype("cpu")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     if pack and packing_supported("cpu", dtype):
         pack_linears(model)
@@ -154,7 +160,10 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
 
     async def main() -> dict[str, Any]:
         engine = TransformersEngine(
-            Path(spec["model_path"]), prefix_cache_bytes=0, compile_decode=spec["compile"]
+            Path(spec["model_path"]),
+            prefix_cache_bytes=0,
+            compile_decode=spec["compile"],
+            dtype=spec.get("dtype"),
         )
         started = time.perf_counter()
         await engine.start()
@@ -453,6 +462,7 @@ def main_churn(args: argparse.Namespace, model_path: str) -> None:
 def main(args: argparse.Namespace) -> None:
     from art_core.device import serving_dtype
     from art_core.embedded import resolve_base_model
+    from art_core.files import cache_dir as art_core_cache_dir
 
     print(machine_line())
     model_path = str(resolve_base_model(args.base_model))
@@ -465,6 +475,7 @@ def main(args: argparse.Namespace) -> None:
         "steps": args.steps,
         "repeats": args.repeats,
         "dynamic": args.dynamic,
+        "dtype": args.dtype,
     }
     results: dict[tuple[int, str], dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="compiled-decode-") as folder:
@@ -474,9 +485,9 @@ def main(args: argparse.Namespace) -> None:
             cache = str(Path(folder) / f"inductor-{rows}")  # empty: the first process compiles
             engine_home = Path(folder) / f"engine-{rows}"  # empty too
             if args.smoke:
-                # One cache for every path (the engine's is $ART_CORE_CACHE_DIR/inductor): each
-                # path still runs and compiles, what one path compiled the next one finds (the
-                # compile times shown are then not a cold cache's: a smoke run measures nothing).
+                # The environment's cache for every path (see the module): each path still
+                # runs and compiles, what the engine's tests or another path compiled it finds.
+                engine_home = art_core_cache_dir()
                 cache = str(engine_home / "inductor")
             for path in PATHS:
                 spec = {
@@ -489,7 +500,7 @@ def main(args: argparse.Namespace) -> None:
                 }
                 results[(rows, path)] = spawn(spec)
         floor = spawn({**base, "path": "floor", "rows_list": levels})
-    dtype = str(serving_dtype("cpu")).removeprefix("torch.")
+    dtype = args.dtype or str(serving_dtype("cpu")).removeprefix("torch.")
     print(
         f"\n{args.base_model}, {dtype}, "
         + (
@@ -565,10 +576,18 @@ def parse_args() -> argparse.Namespace:
         default=0,
         help="instead: this many rollouts arriving over 1.5 s, eager vs compiled engine",
     )
-    parser.add_argument("--smoke", action="store_true", help="tiny-random, 2 rows, 8 steps")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="the weights' dtype in every path (default: the engine's serving dtype)",
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny-random, 2 rows, 8 steps, fp32 (see above)"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.base_model, args.rows, args.steps, args.repeats = "tiny-random", "2", 8, 1
+        args.dtype = "float32"
     return args
 
 
