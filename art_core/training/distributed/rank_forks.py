@@ -128,7 +128,7 @@ class RankForks:
 
     Example:
         >>> forks = RankForks(env=dict(os.environ), log=Path("logs/train-ranks.log"))  # too slow for a docstring: a process that imports torch  # doctest: +SKIP
-        >>> rank = forks.fork({"RANK": "0"}, Path("logs/train-rank0.log"), request_read, reply_write)  # doctest: +SKIP
+        >>> rank = forks.fork({"RANK": "0"}, Path("logs/train-rank0.log"), request_read, reply_write)  # too slow for a docstring: forks a rank  # doctest: +SKIP
     """
 
     def __init__(self, env: dict[str, str], log: Path) -> None:
