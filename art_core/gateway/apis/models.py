@@ -6,9 +6,9 @@ a rollout's calls and what it refused, ``gateway.rollout_limits``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -18,6 +18,8 @@ from art_core.gateway.rollout_limits import RolloutLimits
 from art_core.gateway.rollout_sampling import RolloutSampling
 from art_core.gateway.routes import ROLLOUT_PREFIX, APIRoute
 from art_core.gateway.serving import Serving, rollout_id
+
+Settings = TypeVar("Settings", bound=BaseModel)
 
 
 async def health(serving: Serving, request: Request) -> Response:
@@ -39,6 +41,16 @@ async def get_model(serving: Serving, request: Request) -> Response:
     return JSONResponse(model_card(model_id))
 
 
+async def _read_settings(serving: Serving, request: Request, model: type[Settings]) -> Settings:
+    """A rollout's settings from the request's JSON body; 400 naming the field for a bad one."""
+    payload = parse_json_object(await read_body(request, serving.max_body_bytes))
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        message, param = validation_message(exc)
+        raise APIError(400, message, param=param) from None
+
+
 async def set_rollout_sampling(serving: Serving, request: Request) -> Response:
     """``PUT /rollouts/{rollout_id}/sampling``: set (replace) the sampling settings of
     every later call of the rollout, in every wire API (``rollout_sampling``); a body
@@ -50,12 +62,7 @@ async def set_rollout_sampling(serving: Serving, request: Request) -> Response:
     """
     rollout = rollout_id(request)
     assert rollout is not None  # the route's path has it
-    payload = parse_json_object(await read_body(request, serving.max_body_bytes))
-    try:
-        sampling = RolloutSampling.model_validate(payload)
-    except ValidationError as exc:
-        message, param = validation_message(exc)
-        raise APIError(400, message, param=param) from None
+    sampling = await _read_settings(serving, request, RolloutSampling)
     serving.rollout_sampling.set(rollout, sampling)
     return JSONResponse(
         {"rollout_id": rollout, "sampling": None if sampling.is_empty else sampling.model_dump()}
@@ -73,12 +80,7 @@ async def set_rollout_limits(serving: Serving, request: Request) -> Response:
     """
     rollout = rollout_id(request)
     assert rollout is not None  # the route's path has it
-    payload = parse_json_object(await read_body(request, serving.max_body_bytes))
-    try:
-        limits = RolloutLimits.model_validate(payload)
-    except ValidationError as exc:
-        message, param = validation_message(exc)
-        raise APIError(400, message, param=param) from None
+    limits = await _read_settings(serving, request, RolloutLimits)
     serving.rollout_limits.set(rollout, limits)
     return JSONResponse({"rollout_id": rollout, **serving.rollout_limits.state(rollout)})
 
