@@ -14,6 +14,8 @@ from art_mcp import HttpServer, Judge, RolloutSettings, Scenario
 from mcp_support import SHOP_SCRIPT
 
 import art_core as art
+import art_core.rewards
+from art_core.rewards import build_judge_prompt
 from art_core.testing.judge import StandInJudge
 from art_core.testing.pytest_plugin import register_tiny_model
 
@@ -99,7 +101,16 @@ async def test_train_with_ruler_judges_before_and_after_together(
     backend: art.LocalBackend,
     shop: HttpServer,
     judge: StandInJudge,  # its RULER cache is this test's: every verdict is a fresh request
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    judged: list[art.TrajectoryGroup] = []
+    ruler_score_group = art_core.rewards.ruler_score_group
+
+    async def recording_ruler(group: art.TrajectoryGroup, *args: Any, **kwargs: Any) -> Any:
+        judged.append(group)
+        return await ruler_score_group(group, *args, **kwargs)
+
+    monkeypatch.setattr(art_core.rewards, "ruler_score_group", recording_ruler)
     model = await register_tiny_model(backend, "shop-ruler", "mcp-tests")
     scenarios = shop_scenarios()
     report = await art_mcp.train(
@@ -117,8 +128,13 @@ async def test_train_with_ruler_judges_before_and_after_together(
     )
     # 2 training groups + 2 joint validation groups (before and after runs side by side)
     assert len(judge.requests) == 4
-    joint_prompt = judge.requests[-1]["messages"][-1]["content"]
-    assert joint_prompt.count('<run id="') == 4
+    joint_groups = judged[-2:]
+    assert [len(group.trajectories) for group in joint_groups] == [4, 4]
+    for request, group in zip(judge.requests[-2:], joint_groups, strict=True):
+        # the judge sees every distinct conversation of the 2 + 2 runs once (RULER shows
+        # identical runs once, and tiny-random's before and after runs can coincide)
+        distinct = build_judge_prompt([t.messages() for t in group.trajectories]).run_ids
+        assert request["messages"][-1]["content"].count('<run id="') == len(distinct)
     assert report.judged_jointly and "RULER" in report.table()
     assert len(report.before.rewards) == len(report.after.rewards) == 4
     assert all(0.0 <= r <= 1.0 for r in [*report.before.rewards, *report.after.rewards])
