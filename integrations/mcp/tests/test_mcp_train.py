@@ -14,8 +14,7 @@ from art_mcp import HttpServer, Judge, RolloutSettings, Scenario
 from mcp_support import SHOP_SCRIPT
 
 import art_core as art
-import art_core.rewards
-from art_core.rewards import build_judge_prompt
+from art_core.rewards import build_judge_prompt, ruler_score_group
 from art_core.testing.judge import StandInJudge
 from art_core.testing.pytest_plugin import register_tiny_model
 
@@ -104,13 +103,12 @@ async def test_train_with_ruler_judges_before_and_after_together(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     judged: list[art.TrajectoryGroup] = []
-    ruler_score_group = art_core.rewards.ruler_score_group
 
     async def recording_ruler(group: art.TrajectoryGroup, *args: Any, **kwargs: Any) -> Any:
         judged.append(group)
         return await ruler_score_group(group, *args, **kwargs)
 
-    monkeypatch.setattr(art_core.rewards, "ruler_score_group", recording_ruler)
+    monkeypatch.setattr("art_core.rewards.ruler_score_group", recording_ruler)
     model = await register_tiny_model(backend, "shop-ruler", "mcp-tests")
     scenarios = shop_scenarios()
     report = await art_mcp.train(
