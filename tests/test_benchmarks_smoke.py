@@ -23,7 +23,15 @@ import pytest
 from fork_support import ForkServer
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_"))
+ALL_SCRIPTS = sorted(
+    p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_")
+)
+# The steps of `bash run.sh gpu-check` without CUDA (its CPU side), with the arguments that
+# command gives them: tests/test_gpu_check.py runs that command and checks each step's exit
+# status and its output (the machine named first). Run here again, they would only do the
+# same work twice (about 20 s of a CI run).
+RUN_BY_GPU_CHECK = {"gpu", "decode_overhead", "prefix_cache", "gpu_env"}
+SCRIPTS = [s for s in ALL_SCRIPTS if s not in RUN_BY_GPU_CHECK]
 # The GPU machine's setup steps (versions, shapes, wheels): they measure nothing.
 NOT_MEASURING = {"gpu_bundle", "gpu_env", "gpu_models"}
 # What a script's smoke output holds beyond its table: cli_agents (a stand-in agent on
@@ -35,9 +43,19 @@ TIMEOUT_S = 600
 
 
 def test_every_benchmark_is_covered() -> None:
-    """A new script under benchmarks/ is picked up by the glob; none may lack --smoke."""
-    missing = [s for s in SCRIPTS if "--smoke" not in (ROOT / "benchmarks" / f"{s}.py").read_text()]
+    """A new script under benchmarks/ is picked up by the glob; none may lack --smoke; the
+    ones left to gpu-check are still steps of its CPU side."""
+    missing = [
+        s for s in ALL_SCRIPTS if "--smoke" not in (ROOT / "benchmarks" / f"{s}.py").read_text()
+    ]
     assert not missing, f"benchmarks without a --smoke flag: {missing}"
+    run_sh = (ROOT / "run.sh").read_text()
+    gpu_check = run_sh[run_sh.index("gpu_check() {") : run_sh.index('echo "gpu-check: ')]
+    # the steps it runs everywhere, then the branch it runs without CUDA
+    everywhere, _, branches = gpu_check.partition('if [ "$cuda" = 1 ]')
+    cpu_side = everywhere + branches[branches.index("CUDA NOT FOUND") :]
+    not_run = [s for s in sorted(RUN_BY_GPU_CHECK) if f"benchmarks/{s}.py" not in cpu_side]
+    assert not not_run, f"left to gpu-check, but not among its CPU-side steps: {not_run}"
 
 
 @pytest.fixture(scope="module")

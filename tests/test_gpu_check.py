@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,10 @@ def test_gpu_check_runs_its_cpu_side_without_cuda(tmp_path: Path) -> None:
     assert {row["model"] for row in report["grpo"]} == {"qwen2.5-0.5b", "qwen2.5-7b"}
     assert all(row["trained"] for row in report["grpo"])
     assert "gateway tok/s" in (out / "bench.txt").read_text()
+    # The benchmarks of its CPU side (test_benchmarks_smoke leaves them to this test): each
+    # names the machine its figures depend on (a log holds stderr too: warnings may come first).
+    for log in ("bench.log", "decode_overhead.txt", "prefix_cache.txt"):
+        text = (out / log).read_text()
+        assert re.search(r"^machine: ", text, re.MULTILINE), (
+            f"{log} names no machine:\n{text[-3000:]}"
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from art_core.engines.select import choose_engine
-from art_core.engines.vllm_runtime import has_cuda, install_vllm_runtime, runtime_kind, vllm_status
+from art_core.engines.vllm_runtime import has_cuda, install_vllm_runtime, vllm_status
 
 
 def report() -> int:
@@ -29,7 +29,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="action")
     install = actions.add_parser("install", help="create the vLLM runtime environment")
     install.add_argument("engine", choices=["vllm"])
+    # The default is resolved when the command runs (install_vllm_runtime), not here: finding
+    # it imports torch, which every other `art-core` command would then pay at start (1.3 s).
     install.add_argument(
-        "--kind", choices=["cpu", "cuda"], default=None, help=f"default: {runtime_kind()}"
+        "--kind",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="default: cuda where torch sees a GPU, else cpu",
     )
     install.set_defaults(func=lambda args: print(install_vllm_runtime(args.kind, quiet=False)) or 0)
