@@ -58,7 +58,7 @@ class ForkedRank:
     uses: ``pid``, ``poll()``, ``wait(timeout)``, ``kill()``.
 
     Example:
-        >>> rank = ForkedRank(12345)
+        >>> rank = ForkedRank(os.getpid())  # a process that is running
         >>> rank.poll() is None
         True
         >>> rank._end(-9); rank.wait(0)
