@@ -135,8 +135,10 @@ class Run:
             >>> async with capture(model) as run:  # needs a registered model  # doctest: +SKIP
             ...     await run.anthropic_client().messages.create(model=run.model_name, ...)
         """
-        from anthropic import AsyncAnthropic
+        from anthropic import AsyncAnthropic, DefaultAsyncHttpxClient
 
+        if "http_client" not in kwargs:  # the TLS context our clients share (art_core.clients)
+            kwargs["http_client"] = DefaultAsyncHttpxClient(verify=shared_ssl_context())
         client = AsyncAnthropic(
             base_url=self.anthropic_base_url,
             api_key=self.model.inference_api_key or "art",

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from art_core.backends.base import BackendBase, ProgressCallback
 from art_core.chat_formats import chat_format_settings
+from art_core.clients import shared_ssl_context
 from art_core.export.api import ExportFormat, ExportResult
 from art_core.export.manifest import MANIFEST_FILE
 from art_core.export.staging import build_atomically, check_out, final_path, scratch_dir
@@ -162,6 +163,7 @@ class RemoteBackend(BackendBase):
                 base_url=self.root,
                 headers=headers,
                 timeout=httpx.Timeout(self.timeout, connect=10.0),
+                verify=shared_ssl_context(),
             )
             self._client_loop = loop
         return self._client

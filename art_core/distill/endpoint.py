@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Self
 import httpx
 import orjson
 
+from art_core.clients import shared_ssl_context
 from art_core.distill.scores import MAX_TOP_K, TeacherScores, trained_positions
 from art_core.engines.prompt_logprobs import from_wire
 
@@ -118,6 +119,7 @@ class EndpointTeacher:
             limits=httpx.Limits(
                 max_connections=max_concurrency, max_keepalive_connections=max_concurrency
             ),
+            verify=shared_ssl_context(),
         )
         self._pool = ThreadPoolExecutor(
             max_workers=max_concurrency, thread_name_prefix="art-endpoint-teacher"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from art_core.clients import shared_ssl_context
 from art_core.engines.base import EngineError
 
 
@@ -94,7 +95,7 @@ class ServerProcess:
         the process exits first or ``within_s`` seconds pass (the process is then stopped)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
-        async with httpx.AsyncClient(base_url=self.url) as client:
+        async with httpx.AsyncClient(base_url=self.url, verify=shared_ssl_context()) as client:
             while loop.time() < deadline:
                 if self.process is None or self.process.poll() is not None:
                     code = self.process.returncode if self.process is not None else None

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from art_core.clients import shared_ssl_context
 from art_core.engines.base import (
     AdapterInfo,
     EngineError,
@@ -147,13 +148,13 @@ class WorkerClient(HTTPEngine):
         not answer keeps its last figures; watching it is ``_watch``'s business."""
         if not self._ready.is_set():
             return
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
             await self._probe(client)
 
     async def _watch(self) -> None:
         """Bring the worker back whenever it is gone or stops answering its health check."""
         last_answer = time.monotonic()
-        async with httpx.AsyncClient() as probe:
+        async with httpx.AsyncClient(verify=shared_ssl_context()) as probe:
             while not self._closing:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._check_soon.wait(), self.health_interval_s)

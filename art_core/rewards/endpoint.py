@@ -37,6 +37,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from art_core.clients import shared_ssl_context
+
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
@@ -263,6 +265,9 @@ class JudgeEndpoint:
         import openai
 
         common: dict[str, Any] = {
+            # the one TLS context of our clients (art_core.clients): a judge client is made per
+            # request, and each new context loads the CA bundle again (~20 ms of CPU)
+            "http_client": openai.DefaultAsyncHttpxClient(verify=shared_ssl_context()),
             "api_key": self.api_key,
             "organization": self.organization,
             "timeout": timeout_s,

@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from art_core.clients import shared_ssl_context
 from art_core.gateway.body import DEFAULT_MAX_BODY_BYTES, read_json_object
 from art_core.gateway.errors import APIError
 from art_core.gateway.prompts import normalize_message
@@ -211,7 +212,9 @@ class TeacherProxy:
             if self.teacher.inference_api_key:
                 headers["Authorization"] = f"Bearer {self.teacher.inference_api_key}"
             self._client = httpx.AsyncClient(
-                headers=headers, timeout=httpx.Timeout(self.timeout, connect=10.0)
+                headers=headers,
+                timeout=httpx.Timeout(self.timeout, connect=10.0),
+                verify=shared_ssl_context(),
             )
         return self._client
 

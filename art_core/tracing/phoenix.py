@@ -28,6 +28,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanContext
 
+from art_core.clients import shared_ssl_context
 from art_core.tracing.exporters import otlp_exporter
 from art_core.tracing.otel import OtelSink
 from art_core.tracing.settings import TracingSettings
@@ -202,6 +203,7 @@ class PhoenixSink(OtelSink):
                 base_url=self.url,
                 headers=self.headers,
                 timeout=httpx.Timeout(self.settings.export_timeout_s),
+                verify=shared_ssl_context(),
             )
         return self._client
 
