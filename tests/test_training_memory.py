@@ -533,6 +533,11 @@ def test_the_heap_frozen_at_a_load_is_left_out_of_collections_until_let_go(
     assert memory.freeze_heap() is False and gc.get_freeze_count() == 0
     memory.collect_frozen()
     assert gc.get_freeze_count() == 0
+    # What the application froze itself stays frozen: not art_core's to undo.
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    memory.collect_frozen()
+    assert gc.get_freeze_count() == frozen > 0
 
 
 async def test_a_closed_backends_engine_is_freed_though_its_heap_was_frozen(

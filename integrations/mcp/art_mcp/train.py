@@ -34,6 +34,8 @@ import art_core as art
 from art_core.diagnoses import Diagnosis, RunDiagnoses
 from art_core.epochs import items_for_step
 from art_core.overrides import with_overrides
+from art_core.rewards import DEFAULT_RUBRIC, ruler_score_group
+from art_core.training.config import SFTConfig, TrainConfig
 from art_mcp.report import ValSummary, before_after_table
 from art_mcp.rollout import RewardFn, RolloutSettings, rollout
 from art_mcp.scenarios import Scenario
@@ -359,8 +361,6 @@ class _Training:
         scenarios: list[Scenario],
         options: MCPTrainSettings,
     ) -> None:
-        from art_core.training.config import TrainConfig
-
         self.model = model
         self.spec = spec
         self.scenarios = scenarios
@@ -584,8 +584,6 @@ def _step_line(record: StepRecord, nothing_trained: str | None, discarded: bool)
 def _with_lora_of(warm: WarmStart, config: Any, seed: int) -> WarmStart:
     """``warm`` with an SFT config (default: ``SFTConfig()``) on the GRPO config's adapter
     shape and precision: both train the same LoRA."""
-    from art_core.training.config import SFTConfig
-
     shared = {
         "lora_rank": config.lora_rank,
         "lora_alpha": config.lora_alpha,
@@ -598,8 +596,6 @@ def _with_lora_of(warm: WarmStart, config: Any, seed: int) -> WarmStart:
 
 
 def _ruler(judge: Judge) -> Callable[[art.TrajectoryGroup], Any]:
-    from art_core.rewards import DEFAULT_RUBRIC, ruler_score_group
-
     async def score(group: art.TrajectoryGroup) -> art.TrajectoryGroup | None:
         if len(group.trajectories) < 2:
             return None  # nothing to compare: no learning signal either
@@ -620,8 +616,6 @@ async def _judge_jointly(
 ) -> tuple[list[art.TrajectoryGroup], list[art.TrajectoryGroup]]:
     """RULER scores are relative to a group: judge each scenario's before and after runs in
     one group, so the two columns of the table are comparable."""
-    from art_core.rewards import DEFAULT_RUBRIC, ruler_score_group
-
     new_before, new_after = [], []
     for old, new in zip(before, after, strict=True):
         n = len(old.trajectories)

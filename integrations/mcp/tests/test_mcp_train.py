@@ -3,6 +3,7 @@ or RULER (stand-in judge), checkpoints, history, resume."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import sys
@@ -108,7 +109,10 @@ async def test_train_with_ruler_judges_before_and_after_together(
         judged.append(group)
         return await ruler_score_group(group, *args, **kwargs)
 
-    monkeypatch.setattr("art_core.rewards.ruler_score_group", recording_ruler)
+    # Where art_mcp.train calls it (the module: `art_mcp.train` is also the function).
+    monkeypatch.setattr(
+        importlib.import_module("art_mcp.train"), "ruler_score_group", recording_ruler
+    )
     model = await register_tiny_model(backend, "shop-ruler", "mcp-tests")
     scenarios = shop_scenarios()
     report = await art_mcp.train(
