@@ -445,36 +445,21 @@ def freeze_heap() -> bool:
         >>> freeze_heap() in (True, False)
         True
     """
-    if not freezing():
+    if os.environ.get(FREEZE_ENV, "1").strip() == "0":
         return False
     gc.collect()
     gc.freeze()
     return True
 
 
-def freezing() -> bool:
-    """Whether art_core freezes the heap once a model is loaded (``$ART_CORE_GC_FREEZE``,
-    on unless ``0``).
-
-    Example:
-        >>> freezing() in (True, False)
-        True
-    """
-    return os.environ.get(FREEZE_ENV, "1").strip() != "0"
-
-
 def collect_frozen() -> None:
     """A full collection that sees the frozen objects too, then what is still alive frozen
     again: for when something frozen was let go (a model closed, a trainer unloaded), whose
-    reference cycles would otherwise stay. With freezing off (``$ART_CORE_GC_FREEZE=0``)
-    nothing was frozen here: a plain full collection, and what the application froze itself
-    (``gc.freeze`` after its own start) stays frozen, not art_core's to undo.
+    reference cycles would otherwise stay.
 
     Example:
         >>> collect_frozen()
     """
-    if not freezing():
-        gc.collect()
-        return
     gc.unfreeze()
-    freeze_heap()
+    if not freeze_heap():
+        gc.collect()

@@ -66,7 +66,6 @@ def fork_server(shared_cache_home: Path) -> Iterator[ForkServer]:
     # As a user runs them: torch threads follow the free cores (the test session fixes them
     # for bit-exact comparisons, which on a busy machine makes each step 10-50x slower).
     env.pop("ART_CORE_FOLLOW_FREE_CORES", None)
-    env.pop("ART_CORE_GC_FREEZE", None)  # the plugin's, for its workers (see there)
     server = ForkServer([sys.executable, str(Path(__file__).parent / "fork_support.py")], env)
     try:
         assert server.ready, "the fork server did not start (a thread after its imports?)"

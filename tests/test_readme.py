@@ -283,7 +283,6 @@ def child_env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.pop("ART_CORE_FOLLOW_FREE_CORES", None)
-    env.pop("ART_CORE_GC_FREEZE", None)  # the plugin's, for its workers (see there)
     return env
 
 

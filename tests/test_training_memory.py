@@ -533,20 +533,6 @@ def test_the_heap_frozen_at_a_load_is_left_out_of_collections_until_let_go(
     assert memory.freeze_heap() is False and gc.get_freeze_count() == 0
     memory.collect_frozen()
     assert gc.get_freeze_count() == 0
-    # What the application froze itself stays frozen, not art_core's to undo: a cycle it
-    # froze outlives collect_frozen, and only its own unfreeze lets the collector free it.
-    # (Not the freeze count: frozen objects whose last reference goes leave it any time.)
-    c, d = Node(), Node()
-    c.other, d.other = d, c
-    kept = weakref.ref(c)
-    gc.freeze()
-    del c, d
-    memory.collect_frozen()
-    assert kept() is not None and gc.get_freeze_count() > 0
-    gc.unfreeze()
-    gc.collect()
-    assert kept() is None
-    gc.freeze()  # the test process's heap frozen again, as the pytest plugin leaves it
 
 
 async def test_a_closed_backends_engine_is_freed_though_its_heap_was_frozen(

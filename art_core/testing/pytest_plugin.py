@@ -10,8 +10,6 @@ What it gives:
   embedded models are built once per machine, not once per test (CI sets its own);
   ``TOKENIZERS_PARALLELISM`` defaults to ``false`` (no fork warnings from tokenizers);
   ``ART_CORE_FOLLOW_FREE_CORES`` to ``0`` (a fixed torch thread count: reproducible sums);
-  ``ART_CORE_GC_FREEZE`` to ``0``, with the heap frozen once after collection instead (a
-  closed backend does not walk the whole test process's heap again);
 - the ``slow`` marker (end-to-end tests, still run in CI: deselect with ``-m "not slow"``);
 - under pytest-xdist, each worker pinned to its own share of the cores, and the
   ``whole_machine`` and ``memory_heavy`` markers (``art_core.testing.workers``);
@@ -43,7 +41,6 @@ Example:
 
 from __future__ import annotations
 
-import gc
 import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -53,7 +50,6 @@ import pytest
 import pytest_asyncio
 
 import art_core as art
-from art_core.memory import FREEZE_ENV
 from art_core.rewards.endpoint import JUDGE_ENV_VARS
 from art_core.testing.installs import NEEDS_INSTALL_MARKER
 from art_core.testing.judge import StandInJudge
@@ -68,24 +64,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # thread count that follows other processes (the servers and ranks tests start) would change
 # the order of float sums between runs. Fixed threads unless a test asks otherwise.
 os.environ.setdefault("ART_CORE_FOLLOW_FREE_CORES", "0")
-# A test worker's heap is frozen once, after collection (``pytest_collection_finish``): the
-# imports of every test module, 540-660k objects that no collection needs to walk again.
-# art_core's own freezing (``memory.freeze_heap`` at a model's load) is off: each closed
-# backend would unfreeze that whole heap and walk it (``collect_frozen``, 0.2-0.5 s, a hundred
-# times a run: 50 s of a CI run's workers); a user's process closes a backend once. The
-# freezing itself is tested where it is the subject (tests/test_training_memory.py), and a
-# README block or benchmark runs without this (as a user's process does).
-os.environ.setdefault(FREEZE_ENV, "0")
 # The checks' asserts explain their failures like a test's own asserts do.
 pytest.register_assert_rewrite("art_core.testing.checks")
 
 SLOW_MARKER = "slow: end-to-end tests on the embedded smollm2-135m model (still run in CI)"
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Freeze what collection left alive (see ``FREEZE_ENV`` above)."""
-    gc.collect()
-    gc.freeze()
 
 
 def pytest_configure(config: pytest.Config) -> None:
