@@ -1,4 +1,5 @@
-"""Every script under ``benchmarks/`` runs with ``--smoke`` and prints its table.
+"""Every script under ``benchmarks/`` runs with ``--smoke`` and prints its table: here, or,
+for the steps of ``bash run.sh gpu-check``'s CPU side, in ``tests/test_gpu_check.py``.
 
 A benchmark is a README command: a change in what ``train`` returns, or in an engine's
 metrics, must fail here and not on a user's fresh clone. ``--smoke`` runs each script on
@@ -28,7 +29,7 @@ ALL_SCRIPTS = sorted(
 )
 # The steps of `bash run.sh gpu-check` without CUDA (its CPU side), with the arguments that
 # command gives them: tests/test_gpu_check.py runs that command and checks each step's exit
-# status and its output (the machine named first). Run here again, they would only do the
+# status and its output (the machine named). Run here again, they would only do the
 # same work twice (about 20 s of a CI run).
 RUN_BY_GPU_CHECK = {"gpu", "decode_overhead", "prefix_cache", "gpu_env"}
 SCRIPTS = [s for s in ALL_SCRIPTS if s not in RUN_BY_GPU_CHECK]
