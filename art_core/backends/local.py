@@ -13,6 +13,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,7 +35,12 @@ from art_core.gateway.app import Gateway, ServedModel
 from art_core.gateway.server import GatewayServer
 from art_core.gateway.store import CallStore, open_call_store
 from art_core.matching import attach_recorded_calls
-from art_core.memory import collect_frozen, freeze_heap, return_freed_pages
+from art_core.memory import (
+    collect_frozen_unless_freed,
+    freeze_heap,
+    return_freed_pages,
+    weak_references,
+)
 from art_core.metrics import hooks as metric_hooks
 from art_core.model_folder import ModelFolder
 from art_core.names import check_name
@@ -823,13 +829,15 @@ class LocalBackend(BackendBase):
     # ------------------------------------------------------------------------------ shutdown
     async def close(self) -> None:
         """Stop serving: finish queued work, close engines, stores and the gateway."""
+        # What must be freed with the models: the engines and trainers and their weights.
         # A comprehension, not a loop: a loop's variable would keep the last model's engine
-        # alive through the collection below, which would then freeze it again (its weights,
-        # held by cycles, resident until some later collection).
+        # alive through the check below (and a collection would freeze it again).
+        let_go = [ref for entry in self._models.values() for ref in _held_by(entry)]
         stores = [await self._close_model(entry) for entry in self._models.values()]
         self._models.clear()
         self.gateway.models.clear()
-        collect_frozen()  # the engines' (frozen) objects that only cycles keep
+        # Their frozen objects that only cycles keep; none when reference counting freed all.
+        collect_frozen_unless_freed(let_go)
         return_freed_pages()  # their weights, back to the system now, not at some later trim
         if self._started:
             await asyncio.to_thread(self.server.stop)
@@ -852,6 +860,18 @@ class LocalBackend(BackendBase):
         if entry.train_thread is not None:
             entry.train_thread.shutdown(wait=False)
         return entry.served.store
+
+
+def _held_by(entry: _Registered) -> list[weakref.ref[Any]]:
+    """Weak references to what ``entry``'s model holds in this process: its engine and the
+    engine's model, its trainer and the trainer's model (each with its parameters)."""
+    engine, trainer = entry.served.engine, entry.trainer
+    return weak_references(
+        engine,
+        getattr(engine, "model", None),
+        trainer,
+        getattr(trainer, "model", None),
+    )
 
 
 def history_record(

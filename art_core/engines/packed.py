@@ -249,3 +249,32 @@ def restore_forward(linear: nn.Linear) -> None:
         linear.forward = functools.partial(base_linear, linear)  # type: ignore[method-assign]
     else:
         linear.__dict__.pop("forward", None)
+
+
+# What ``pack_linears``, the LoRA slots (``engines/lora.py``) and the compiled step
+# (``engines/compiled_step.py``) set in a module's own ``__dict__``.
+SERVING_ATTRIBUTES = ("forward", "_art_packed", "_art_merged")
+
+
+def drop_serving_forwards(model: nn.Module) -> None:
+    """Take back what serving set on ``model``'s modules (``SERVING_ATTRIBUTES``: each
+    instance's own forward, packed weight and merged group): they compute as plain
+    ``nn.Linear`` again.
+
+    Each such forward holds its module (``functools.partial(base_linear, linear)``), and a
+    merged group holds its siblings while they hold it: reference cycles, which only a full
+    garbage collection frees, and the model's modules are frozen out of those
+    (``memory.freeze_heap``). Without them, a closed engine's model is freed by reference
+    counting alone when its last holder lets go.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 4))
+        >>> restore_forward(model[0]); model[0]._art_packed = model[0].weight.detach()
+        >>> restore_forward(model[0]); "forward" in model[0].__dict__
+        True
+        >>> drop_serving_forwards(model); "forward" in model[0].__dict__
+        False
+    """
+    for module in model.modules():
+        for name in SERVING_ATTRIBUTES:
+            module.__dict__.pop(name, None)

@@ -39,7 +39,7 @@ from art_core.engines.base import (
 )
 from art_core.engines.compiled_step import BatchKV, CompiledDecodeStep, warm_up
 from art_core.engines.lora import LoraServer, UnsupportedAdapter
-from art_core.engines.packed import pack_linears, packing_supported
+from art_core.engines.packed import drop_serving_forwards, pack_linears, packing_supported
 from art_core.engines.prefix_cache import PrefixCache, default_prefix_cache_bytes
 from art_core.engines.sampling import RowSampling, sample_next_tokens, score_tokens
 from art_core.engines.step_times import StepTimes
@@ -172,6 +172,7 @@ class TransformersEngine(ServesAdapters):
         self.tokenizer: Any = None
         self.context_length = 0
         self.model: Any = None
+        self._closed = False  # by close(), for good
         self._base_model: Any = None
         # Our own LoRA layers (fast), or None once an adapter needed peft's (see lora.py).
         self._lora: LoraServer | None = None
@@ -290,6 +291,8 @@ class TransformersEngine(ServesAdapters):
         return PrefixCache(size)
 
     async def start(self) -> None:
+        if self._closed:
+            raise EngineError("this engine was closed: build a new one to serve again")
         if self.model is None:
             await self._in_worker(self.load)
         self._wake = asyncio.Event()
@@ -312,6 +315,12 @@ class TransformersEngine(ServesAdapters):
         if self._worker is not None and self._owns_worker:
             self._worker.shutdown(wait=False)
             self._worker = None
+        if self.model is not None:
+            # For good (``start`` refuses): without the forwards serving set on its modules,
+            # which hold them in cycles, the model is freed by reference counting alone
+            # when its last holder lets go, with no full collection of a frozen heap.
+            drop_serving_forwards(self.model)
+        self._closed = True
 
     async def run_in_model_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the thread the model runs on, between two batches: what must see

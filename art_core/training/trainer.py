@@ -32,11 +32,12 @@ from art_core.kept_logits import KeptLogits
 from art_core.memory import (
     DEFAULT_FRACTION,
     MemoryBudget,
-    collect_frozen,
+    collect_frozen_unless_freed,
     freeze_heap,
     release_freed_memory,
     resident_bytes,
     resolve_memory_budget,
+    weak_references,
 )
 from art_core.model_folder import ModelFolder
 from art_core.training.batch import (
@@ -367,13 +368,16 @@ class Trainer:
     def unload(self) -> None:
         """Free the model and optimizer (reloaded from the latest checkpoint when needed)."""
         with self._lock:
+            let_go = weak_references(self._model, self._optimizer)
             self._model = None
             self._optimizer = None
+            self._head = None
             self._loaded_step = -1
             if self._teacher is not None:
                 self._teacher[1].close()
                 self._teacher = None
-            collect_frozen()  # the model may be among the objects frozen at its load
+            # The model was frozen at its load: a cycle would keep it from the collector.
+            collect_frozen_unless_freed(let_go)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
 
