@@ -43,6 +43,11 @@ class EngineWorkerActor:
         prefix_cache_bytes: int | None = None,
         compile_decode: bool = False,
     ) -> None:
+        # Set here, not as the actor's Ray ``runtime_env``: an actor with one of its own is
+        # started through Ray's setup_worker.py, a second interpreter importing Ray (~4 s of
+        # CPU per actor), and none of the workers Ray prestarted serves it. The engine sets
+        # torch's threads itself (``build_engine``); these reach what it starts.
+        os.environ.update(OMP_NUM_THREADS=str(threads or 1), TOKENIZERS_PARALLELISM="false")
         engine = build_engine(
             Path(model_path),
             device=device,
@@ -155,7 +160,6 @@ class RayWorkerEngine(WorkerClient):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = bundle_of(self.spec)
-        threads = str(self.spec.threads or 1)
         return (
             ray.remote(EngineWorkerActor)
             .options(
@@ -165,9 +169,6 @@ class RayWorkerEngine(WorkerClient):
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     group, placement_group_bundle_index=self.spec.index
                 ),
-                runtime_env={
-                    "env_vars": {"OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
-                },
             )
             .remote(
                 str(self.model_path),

@@ -35,9 +35,18 @@ ALIVE_TIMEOUT_S = 30.0
 class RankActor:
     """The Ray actor of one rank: a ``RankWorker`` on one persistent torch thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int) -> None:
         from art_core.training.distributed.rank import RankWorker  # torch: in the actor only
 
+        # Set here, not as the actor's Ray ``runtime_env``: an actor with one of its own is
+        # started through Ray's setup_worker.py, a second interpreter importing Ray (~4 s of
+        # CPU per actor), and none of the workers Ray prestarted serves it. The rank sets
+        # torch's threads itself (``torch.set_num_threads``); these reach what it starts.
+        os.environ.update(
+            OMP_NUM_THREADS=str(threads),
+            MKL_NUM_THREADS=str(threads),
+            TOKENIZERS_PARALLELISM="false",
+        )
         self._worker = RankWorker()
         # One thread for all torch work: OpenMP keeps a thread team per calling thread.
         self._torch_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-rank")
@@ -104,7 +113,6 @@ class RayRankGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = self._bundle()
-        threads = str(self.world.threads())
         return (
             ray.remote(RankActor)
             .options(
@@ -114,15 +122,8 @@ class RayRankGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self._placement_group, placement_group_bundle_index=rank
                 ),
-                runtime_env={
-                    "env_vars": {
-                        "OMP_NUM_THREADS": threads,
-                        "MKL_NUM_THREADS": threads,
-                        "TOKENIZERS_PARALLELISM": "false",
-                    }
-                },
             )
-            .remote()
+            .remote(self.world.threads())
         )
 
     def launch(self) -> str:
