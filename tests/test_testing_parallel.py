@@ -29,10 +29,10 @@ def _own_run(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-def _suite(pytester: pytest.Pytester, **files: str) -> None:
+def _suite(pytester: pytest.Pytester, ini: str = "", **files: str) -> None:
     pytester.makeini(
         "[pytest]\naddopts = -p art_core.testing.pytest_plugin\n"
-        "asyncio_default_fixture_loop_scope = function\n"
+        "asyncio_default_fixture_loop_scope = function\n" + ini
     )
     pytester.makepyfile(**{name: textwrap.dedent(body) for name, body in files.items()})
 
@@ -157,6 +157,8 @@ def test_a_hung_test_fails_with_every_stack_and_its_processes_are_killed(
     pid_file = pytester.path / "child.pid"
     _suite(
         pytester,
+        # As the project's own configuration has it: a warning from art_core is an error.
+        ini="filterwarnings =\n    error:::art_core\n",
         test_hang=f"""
             import subprocess, threading, time
 
@@ -175,6 +177,10 @@ def test_a_hung_test_fails_with_every_stack_and_its_processes_are_killed(
     out = result.stdout.str()
     assert "Timeout: the test ran past 2 s" in out
     assert "a-stuck-helper" in out  # the other threads' stacks are in the report
+    # What it left was killed and said so in the warnings summary, not as an internal error
+    # that ended the worker (and the run) under the project's warning filters.
+    assert "INTERNALERROR" not in out
+    assert "test_hangs timed out; killed: [" in out and "sleep 600" in out
     child = int(pid_file.read_text())
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 

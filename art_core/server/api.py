@@ -338,7 +338,8 @@ class _ExportResponse(StreamingResponse):
     must take within ``send_timeout_s``: a stalled reader is cut (the connection is closed)
     instead of holding the scratch copy for as long as it likes. However the response ends
     (sent, failed, cut, or the client gone before the body started, when a generator's own
-    ``finally`` never runs), the file is closed and the scratch folder removed at once."""
+    ``finally`` never runs), the file is closed and the scratch folder removed at once; sent
+    whole, the folder goes before the last chunk does."""
 
     def __init__(self, download: ExportDownload, send_timeout_s: float) -> None:
         self.download = download
@@ -352,8 +353,15 @@ class _ExportResponse(StreamingResponse):
 
     async def _chunks(self) -> AsyncGenerator[bytes, None]:
         with self.download.archive.open("rb") as file:
-            while chunk := await asyncio.to_thread(file.read, EXPORT_CHUNK_BYTES):
+            chunk = await asyncio.to_thread(file.read, EXPORT_CHUNK_BYTES)
+            while following := await asyncio.to_thread(file.read, EXPORT_CHUNK_BYTES):
                 yield chunk
+                chunk = following
+        # The last chunk is read: the scratch folder goes before it is sent, so a client
+        # that has the whole tar (its content-length) never finds the copy still on disk.
+        await self.download.remove()
+        if chunk:
+            yield chunk
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         async def send_in_time(message: Any) -> None:

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +73,13 @@ class ExportDownload:
     scratch: Path
     size: int
     reservation: Reservation
+    removed: bool = field(default=False, init=False)
 
     async def remove(self) -> None:
+        """Delete the scratch folder and release its space; once (later calls do nothing)."""
+        if self.removed:
+            return
+        self.removed = True
         await asyncio.to_thread(shutil.rmtree, self.scratch, True)
         self.reservation.release()
 

@@ -163,7 +163,7 @@ class RunHooks:
         if hangs is not None and alarm is not None and alarm.fired:
             left = hangs.reap(hangs.descendants() - before)
             if left:
-                warnings.warn(f"{item.nodeid} timed out; killed: {left}", stacklevel=1)
+                _record_warning(item, f"{item.nodeid} timed out; killed: {left}")
 
     @contextlib.contextmanager
     def _placed(self, item: pytest.Item) -> Generator[None, None, None]:
@@ -228,3 +228,19 @@ class RunHooks:
                 warnings.warn(
                     f"left running at the end of the session, killed: {left}", stacklevel=1
                 )
+
+
+def _record_warning(item: pytest.Item, text: str) -> None:
+    """``text`` in the run's warnings summary (under xdist, the controller's), as pytest
+    records a test's own warnings. Not ``warnings.warn``: here, after the test's own
+    protocol, the configured filters apply (``error:::art_core``) and it would raise, an
+    internal error that ends the whole worker instead of a line beside the timed-out test."""
+    message = warnings.WarningMessage(UserWarning(text), UserWarning, __file__, 0)
+    item.ihook.pytest_warning_recorded.call_historic(
+        kwargs={
+            "warning_message": message,
+            "nodeid": item.nodeid,
+            "when": "runtest",
+            "location": None,
+        }
+    )
