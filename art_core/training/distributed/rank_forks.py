@@ -37,6 +37,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from art_core.memory import freeze_heap
 from art_core.training.distributed.rank import serve
 
 # What a rank imports when it loads its model (``training.loading`` imports them there, not
@@ -242,6 +243,11 @@ def _launch(connection: socket.socket) -> None:
     and no signal handler: requests and ended ranks are polled in turn."""
     for name in PREIMPORT:
         importlib.import_module(name)
+    # What the imports made, out of the collector before the forks: each rank's first full
+    # collection (its trainer freezes its heap once the model is loaded) would walk all of
+    # it, ~0.3 s a rank, and write to every object's header, copying the pages it shares
+    # with this process (Python's gc docs: freeze before fork).
+    freeze_heap()
     if threading.active_count() != 1:
         print(f"not forking: {threading.active_count()} threads after the imports", flush=True)
         return
