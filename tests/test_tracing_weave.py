@@ -125,3 +125,11 @@ def test_each_rollout_is_a_weave_thread_whose_calls_are_its_turns(weave_record: 
         for call in (rollout, *kids):
             assert call["wb_run_id"] == weave_record["wandb_run_id"]
     assert len({r["inputs"]["rollout_id"] for r in rollouts}) == 3
+
+
+def test_disabling_after_a_flush_does_not_flush_again(weave_record: dict) -> None:
+    """``tracing.disable()`` right after ``tracing.flush()``: nothing of ours was handed to
+    the client since, so the sink does not flush it again (a Weave flush waits out its batch
+    intervals, about 2 s, even with nothing queued); everything was recorded all the same."""
+    assert weave_record["flushes_after_the_flush"] == 0
+    assert len([c for c in weave_record["calls"] if _op(c) == "art.rollout"]) == 3

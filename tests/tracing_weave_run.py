@@ -34,7 +34,10 @@ from art_core.testing.standins import WeaveStandIn
 async def main(out: Path, work: Path) -> None:
     with WeaveStandIn() as server, StandInJudge() as judge:
         os.environ.update(server.env())
-        weave.init("tester/art-tests")
+        client = weave.init("tester/art-tests")
+        flushes: list[None] = []  # the client's flushes, ours and the SDK's
+        flush = client.flush
+        client.flush = lambda: flushes.append(None) or flush()
         tracing.enable("weave")
         # W&B metric logging on (offline; nothing is logged here): calls carry its run id.
         metrics.enable_wandb(mode="offline", dir=str(work))
@@ -57,7 +60,9 @@ async def main(out: Path, work: Path) -> None:
 
             await my_rollout(0.5)
             assert tracing.flush(30), "weave flush timed out"
+            flushed = len(flushes)
         tracing.disable()
+        flushes_after_the_flush = len(flushes) - flushed
         metrics.disable_wandb(30)
         weave.finish()
         result = {
@@ -66,6 +71,7 @@ async def main(out: Path, work: Path) -> None:
             "objects": [o.get("object_id") for o in server.objects],
             "rewards": {t.id: t.reward for g in groups for t in g},
             "wandb_run_id": f"tester/art-tests/{run_id('weave-tests', 'tiny')}",
+            "flushes_after_the_flush": flushes_after_the_flush,
         }
     await asyncio.to_thread(out.write_text, json.dumps(result, default=str))
 

@@ -108,6 +108,10 @@ class WeaveSink:
         self.settings = settings
         self._calls: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
+        # Calls and feedback handed to the client since its last complete flush: none, and
+        # ``shutdown`` has nothing of ours to wait for (a flush waits out the client's batch
+        # intervals, ~2 s, even with an empty queue).
+        self._handed = 0
 
     # -------------------------------------------------------------- caller side
     def capture_parent(self) -> Any:
@@ -117,6 +121,8 @@ class WeaveSink:
 
     # -------------------------------------------------------------- worker side
     def emit(self, node: SpanNode, parent: Any) -> None:
+        with self._lock:
+            self._handed += 1
         with self._wandb_run(node):
             self._log(node, parent)
 
@@ -191,13 +197,24 @@ class WeaveSink:
         with self._lock:
             call = self._calls.get(update.key)
         if call is not None:
+            with self._lock:
+                self._handed += 1
             self._add_feedback(call, update.scores)
 
     def flush(self, timeout_s: float) -> bool:
-        return call_with_timeout(self.client.flush, timeout_s, name="art-weave-flush")
+        with self._lock:
+            handed = self._handed
+        done = call_with_timeout(self.client.flush, timeout_s, name="art-weave-flush")
+        if done:
+            with self._lock:
+                self._handed -= handed  # what came in during the flush is still to send
+        return done
 
     def shutdown(self, timeout_s: float) -> None:
-        self.flush(timeout_s)
+        with self._lock:
+            pending = self._handed
+        if pending:  # after a complete flush, nothing of ours is left to wait for
+            self.flush(timeout_s)
 
     def stats(self) -> dict[str, int]:
         return {}
