@@ -185,6 +185,41 @@ def test_a_hung_test_fails_with_every_stack_and_its_processes_are_killed(
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
+def test_a_process_left_at_the_session_end_is_killed_and_said_under_the_warning_filters(
+    pytester: pytest.Pytester,
+) -> None:
+    """A fixture that never stops its server: the session's end kills it and says so in the
+    warnings summary, and, under the project's own filters (a warning from art_core is an
+    error), that is still a line, not an internal error after every test has passed."""
+    pid_file = pytester.path / "server.pid"
+    _suite(
+        pytester,
+        ini="filterwarnings =\n    error:::art_core\n",
+        test_leak=f"""
+            import subprocess
+
+            import pytest
+
+            @pytest.fixture(scope="session")
+            def server():
+                child = subprocess.Popen(["sleep", "600"])
+                open({str(pid_file)!r}, "w").write(str(child.pid))
+                return child  # never stopped
+
+            def test_uses_it(server):
+                assert server.poll() is None
+        """,
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert result.ret == 0
+    out = result.stdout.str()
+    assert "INTERNALERROR" not in out
+    assert "left running at the end of the session, killed: [" in out and "sleep 600" in out
+    child = int(pid_file.read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
 def test_slow_tests_get_the_longer_default_timeout(pytester: pytest.Pytester) -> None:
     _suite(
         pytester,

@@ -591,9 +591,7 @@ async def test_a_closed_backend_frees_its_models_by_reference_counting_alone(
                     max_tokens=4,
                     temperature=1.0,
                 )
-            trajectory = run.trajectory()
-            trajectory.reward = reward
-            return trajectory
+            return run.trajectory(reward=reward)
 
         await model.train([art.TrajectoryGroup([await scored(1.0), await scored(0.0)])])
         await scored(0.5)  # served with the trained adapter swapped in

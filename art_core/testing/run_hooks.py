@@ -30,6 +30,7 @@ import os
 import warnings
 from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,7 +164,7 @@ class RunHooks:
         if hangs is not None and alarm is not None and alarm.fired:
             left = hangs.reap(hangs.descendants() - before)
             if left:
-                _record_warning(item, f"{item.nodeid} timed out; killed: {left}")
+                _record_warning(item.ihook, f"{item.nodeid} timed out; killed: {left}", item)
 
     @contextlib.contextmanager
     def _placed(self, item: pytest.Item) -> Generator[None, None, None]:
@@ -225,22 +226,23 @@ class RunHooks:
             # never in an xdist controller, whose children are the workers.
             left = hangs.reap(hangs.descendants())
             if left:
-                warnings.warn(
-                    f"left running at the end of the session, killed: {left}", stacklevel=1
+                _record_warning(
+                    session.config.hook, f"left running at the end of the session, killed: {left}"
                 )
 
 
-def _record_warning(item: pytest.Item, text: str) -> None:
-    """``text`` in the run's warnings summary (under xdist, the controller's), as pytest
-    records a test's own warnings. Not ``warnings.warn``: here, after the test's own
-    protocol, the configured filters apply (``error:::art_core``) and it would raise, an
-    internal error that ends the whole worker instead of a line beside the timed-out test."""
+def _record_warning(hook: Any, text: str, item: pytest.Item | None = None) -> None:
+    """``text`` in the run's warnings summary, as pytest records warnings itself (``item``'s
+    under xdist go to the controller). Not ``warnings.warn``: where this runs (after a
+    test's own protocol, at the session's end) pytest applies the configured filters
+    (``error:::art_core``) and it would raise, an internal error that ends the whole worker
+    instead of a line beside the test that left the processes."""
     message = warnings.WarningMessage(UserWarning(text), UserWarning, __file__, 0)
-    item.ihook.pytest_warning_recorded.call_historic(
+    hook.pytest_warning_recorded.call_historic(
         kwargs={
             "warning_message": message,
-            "nodeid": item.nodeid,
-            "when": "runtest",
+            "nodeid": item.nodeid if item is not None else "",
+            "when": "runtest" if item is not None else "config",
             "location": None,
         }
     )
