@@ -598,6 +598,12 @@ async def test_a_closed_backend_frees_its_models_by_reference_counting_alone(
         entry = backend._entry(model)
         engine, trainer = entry.served.engine, entry.trainer
         assert engine.current_adapter is not None and trainer is not None
+        # The adapter's forwards in place, as while a batch of its rows decodes: an idle engine
+        # has put them back, and only a CPU that pre-packs bf16 weights keeps forwards of its
+        # own (an AVX2 machine serves fp32 without them), so the state closed here is the same
+        # on every machine.
+        assert engine._lora is not None
+        engine._lora.activate(engine.current_adapter.name)
         assert any("forward" in m.__dict__ for m in engine.model.modules())  # serving's own
         refs = memory.weak_references(engine, engine.model, trainer, trainer.model)
         assert len(refs) > 4 and collections == []
