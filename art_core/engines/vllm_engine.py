@@ -15,8 +15,8 @@ import logging
 import os
 from pathlib import Path
 
-from art_core.embedded.templates import tool_chat_template
 from art_core.device import serving_dtype
+from art_core.embedded.templates import tool_chat_template
 from art_core.engines.http_engine import BASE_NAME, HTTPEngine
 from art_core.engines.process import ServerProcess, free_port
 from art_core.engines.tokenizer import load_chat_tokenizer
@@ -58,9 +58,7 @@ class VLLMEngine(HTTPEngine):
         # The transformers engine's choice (``serving_dtype``): on a CPU without native bf16
         # (AVX2), vLLM's bf16 linears are emulated, several times slower than fp32 (the
         # engine suite's vLLM half: 4 minutes in bf16 on an AMD EPYC with AVX2).
-        self.dtype = (
-            "bfloat16" if self.cuda else str(serving_dtype("cpu")).removeprefix("torch.")
-        )
+        self.dtype = "bfloat16" if self.cuda else str(serving_dtype("cpu")).removeprefix("torch.")
         self._server: ServerProcess | None = None
         self.port = 0
 
