@@ -1,0 +1,36 @@
+"""The command line the vLLM engine starts its server with, read from a stand-in interpreter
+that records its arguments and exits (no vLLM runtime needed): on CPU, vLLM serves in the
+transformers engine's dtype (``serving_dtype``), so a CPU without native bf16 (AVX2) gets
+fp32 rather than vLLM's emulated bf16 linears, several times slower there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from art_core import device
+from art_core.embedded import resolve_base_model
+from art_core.engines import vllm_engine
+from art_core.engines.base import EngineError
+from art_core.engines.vllm_engine import VLLMEngine
+
+
+@pytest.mark.parametrize(("native_bf16", "dtype"), [(False, "float32"), (True, "bfloat16")])
+async def test_vllm_on_cpu_serves_in_the_engines_dtype(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native_bf16: bool, dtype: str
+) -> None:
+    argv = tmp_path / "argv.txt"
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {argv}\nexit 3\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(vllm_engine, "has_cuda", lambda: False)
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: native_bf16)
+    engine = VLLMEngine(resolve_base_model("tiny-random"), log_dir=tmp_path / "logs", python=python)
+    with pytest.raises(EngineError, match="exited with code 3"):
+        await engine.start()
+    await engine.close()
+    args = argv.read_text().splitlines()
+    assert args[args.index("--dtype") + 1] == dtype, args
+    assert "--enforce-eager" in args  # the CPU branch ran
