@@ -4,11 +4,16 @@ the slowest machine seen, against the CI budget."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from art_core.cpu import cpu_model
 from art_core.testing import calibration
 from art_core.testing.calibration import BUDGET_S, REFERENCE, SLOWEST_SEEN, Speed
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_measures_writes_and_scales(tmp_path, capsys):
@@ -82,3 +87,54 @@ def test_the_line_names_the_cpu(tmp_path):
     out = tmp_path / "speed.json"
     out.write_text('{"python_s": 1.0, "torch_s": 1.0, "cpu": "AMD EPYC 7B13 (avx2)"}')
     assert calibration.read(out) == speed
+
+
+def shell_function(name: str) -> str:
+    """``name``'s definition in ``run.sh``: from ``name() {`` to the first line that is ``}``."""
+    text = (ROOT / "run.sh").read_text()
+    start = text.index(f"\n{name}() {{") + 1
+    return text[start : text.index("\n}\n", start) + 3]
+
+
+def test_the_background_installs_are_paused_while_the_machine_is_timed(tmp_path):
+    """``calibrate`` in ``run.sh`` stops every background install's process group (the
+    install and what it started) for as long as the workload runs, then lets it go on: an
+    install beside the workload made the machine read 1.26x slow instead of 0.89x."""
+    ticks, seen = tmp_path / "ticks.txt", tmp_path / "seen.txt"
+    # A stand-in for the venv's python: counts the install's ticks across a second of
+    # "workload", and writes the speed file's stand-in line.
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        "#!/bin/sh\n"
+        f'a=$(wc -l < "{ticks}"); sleep 1; b=$(wc -l < "{ticks}")\n'
+        f'echo "$a $b" > "{seen}"\n'
+        'echo "machine speed: stand-in"\n'
+    )
+    python.chmod(0o755)
+    # The install: a shell that starts a child ticking ten times a second, 30 ticks (the
+    # group, not only the install's own shell, must stop; it ends by itself whatever happens).
+    install = f"sh -c 'for i in $(seq 30); do date +%s.%N >> \"{ticks}\"; sleep 0.1; done'"
+    script = "\n".join(
+        [
+            "set -euo pipefail",
+            f'VENV="{tmp_path / "venv"}" ART_TEST_INSTALLS_DIR="{tmp_path}"',
+            f'MACHINE_SPEED="{tmp_path / "speed.json"}"',
+            "BACKGROUND=()",
+            shell_function("background_install"),
+            shell_function("calibrate"),
+            f"background_install ticker {install}",
+            f'until [ -s "{ticks}" ]; do sleep 0.05; done',
+            "calibrate",
+            'wait "${BACKGROUND[0]}"',  # after it, the install goes on to its end
+        ]
+    )
+    done = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "machine speed: stand-in"
+    before, after = map(int, seen.read_text().split())
+    assert before >= 1 and after == before, f"{after - before} ticks while timed"
+    assert len(ticks.read_text().split()) == 30, "the install did not go on to its end"
+    assert (tmp_path / "ticker.status").read_text().strip() == "0"
