@@ -117,7 +117,8 @@ RUN_STARTED=$SECONDS
 # $MACHINE_SPEED (.txt), its figures to $MACHINE_SPEED for print_phases.
 # The installs already running in the background are paused meanwhile (SIGSTOP to each one's
 # process group, SIGCONT after): beside apt and npm, the interpreter part read 1.13 s instead
-# of 0.72 s on the same machine, and the run was scaled as if on a 1.26x machine, not 0.89x.
+# of 0.55-0.72 s on the same machine, and the run was scaled as if on a 1.26x machine, not
+# a 0.70-0.89x one.
 calibrate() {
   local pid rc=0
   for pid in "${BACKGROUND[@]}"; do kill -STOP -- "-$pid" 2>/dev/null || true; done

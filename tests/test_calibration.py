@@ -98,8 +98,8 @@ def shell_function(name: str) -> str:
 
 def test_the_background_installs_are_paused_while_the_machine_is_timed(tmp_path):
     """``calibrate`` in ``run.sh`` stops every background install's process group (the
-    install and what it started) for as long as the workload runs, then lets it go on: an
-    install beside the workload made the machine read 1.26x slow instead of 0.89x."""
+    install and what it started) for as long as the workload runs, then lets it go on (an
+    install beside the workload made the machine read slow: the comment above ``calibrate``)."""
     ticks, seen = tmp_path / "ticks.txt", tmp_path / "seen.txt"
     # A stand-in for the venv's python: counts the install's ticks across a second of
     # "workload", and writes the speed file's stand-in line.
