@@ -1,6 +1,7 @@
-"""Child processes a benchmark starts (``art-core serve``), never left behind.
+"""Child processes a benchmark starts: servers (``art-core serve``), never left behind, and
+configurations measured each in a fresh process (``in_fresh_process``).
 
-Each child gets its own process group (stopping it stops what it forked) and, on Linux,
+Each server child gets its own process group (stopping it stops what it forked) and, on Linux,
 SIGTERM from the kernel when the benchmark dies (a crash, a CI timeout's SIGKILL), so a
 server outlives its benchmark in no case. Spawn from the thread that stays alive for the
 child's whole life (the main thread): Linux sends the signal when the spawning thread exits.
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import multiprocessing
 import os
 import re
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 
@@ -99,3 +102,62 @@ def wait_for_url(
         stop(process, grace_s=5)
         raise RuntimeError(f"{what} did not start:\n" + "\n".join(tail))
     return found[0]
+
+
+def _fresh_process_main(
+    function: Callable[..., Any], args: tuple[Any, ...], environment: dict[str, str], out: Any
+) -> None:
+    """The child of ``in_fresh_process``: its environment set, ``function``'s result (or its
+    traceback) sent on ``out``."""
+    os.environ.update(environment)
+    os.dup2(2, 1)  # anything a library prints goes to stderr, not into the parent's table
+    try:
+        out.send(("ok", function(*args)))
+    except BaseException:
+        out.send(("error", traceback.format_exc()))
+    finally:
+        out.close()
+
+
+def in_fresh_process(
+    function: Callable[..., Any],
+    *args: Any,
+    preload: Sequence[str],
+    environment: dict[str, str] | None = None,
+    timeout_s: float = 1800.0,
+) -> Any:
+    """``function(*args)`` in a process of its own; its (picklable) result, or RuntimeError
+    with the child's traceback.
+
+    The process is a fork of multiprocessing's fork server, which has imported ``preload``
+    and run nothing else: each configuration gets a fresh allocator, thread pool, compile
+    state and memory high-water mark without paying the imports again (torch, transformers and
+    peft are 4-7 s of CPU a process on 2 cores, most of a small configuration's time). A
+    setting read when a module is imported (OpenMP's wait policy when torch loads) needs a
+    process started from scratch instead. ``environment`` is set in the child before
+    ``function`` runs; the child's stdout goes to stderr.
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(
+        target=_fresh_process_main, args=(function, args, dict(environment or {}), send)
+    )
+    process.start()
+    send.close()
+    name = getattr(function, "__name__", "the child")
+    try:
+        if not receive.poll(timeout_s):
+            raise RuntimeError(f"{name} gave no result in {timeout_s:.0f} s")
+        status, value = receive.recv()
+    except EOFError:
+        status, value = "error", "its process ended without a result"
+    finally:
+        if process.is_alive():
+            process.join(30)
+        if process.is_alive():
+            process.kill()
+        process.join()
+    if status != "ok":
+        raise RuntimeError(f"{name} failed (exit code {process.exitcode}):\n{value}")
+    return value

@@ -52,15 +52,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import multiprocessing
-import os
 import statistics
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
+from _children import in_fresh_process
 from _machine import machine_line
 
 PATHS = {
@@ -375,44 +373,18 @@ PRELOAD = ["torch", "transformers.modeling_layers", "art_core.engines.transforme
 CHILD_TIMEOUT_S = 1800.0
 
 
-def _child_main(spec: dict[str, Any], environment: dict[str, str], out: Any) -> None:
-    """A path's process: its environment set, its result (or traceback) sent on ``out``."""
-    os.environ.update(environment)
-    os.dup2(2, 1)  # anything a library prints goes to stderr, not into the parent's table
-    try:
-        out.send(("ok", child(spec)))
-    except BaseException:
-        out.send(("error", traceback.format_exc()))
-    finally:
-        out.close()
-
-
 def spawn(spec: dict[str, Any]) -> dict[str, Any]:
     """One path in its own process (forked from the fork server); its result."""
     environment = {"ART_CORE_FOLLOW_FREE_CORES": "0"}
     if spec.get("cache_home"):  # the engine compiles into $ART_CORE_CACHE_DIR/inductor
         environment["ART_CORE_CACHE_DIR"] = spec["cache_home"]
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
-    receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_child_main, args=(spec, environment, send))
-    process.start()
-    send.close()
     try:
-        if not receive.poll(CHILD_TIMEOUT_S):
-            raise RuntimeError(f"{spec['path']} gave no result in {CHILD_TIMEOUT_S:.0f} s")
-        status, value = receive.recv()
-    except EOFError:
-        status, value = "error", "its process ended without a result"
-    finally:
-        if process.is_alive():
-            process.join(30)
-        if process.is_alive():
-            process.kill()
-        process.join()
-    if status != "ok":
-        raise RuntimeError(f"{spec['path']} failed (exit code {process.exitcode}):\n{value}")
-    return dict(value)
+        result = in_fresh_process(
+            child, spec, preload=PRELOAD, environment=environment, timeout_s=CHILD_TIMEOUT_S
+        )
+    except RuntimeError as exc:
+        raise RuntimeError(f"{spec['path']}: {exc}") from None
+    return dict(result)
 
 
 def same_tokens(tokens: list[list[int]], reference: list[list[int]]) -> int:

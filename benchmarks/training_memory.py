@@ -8,7 +8,9 @@ tokens to run. Token ids are random, the sampler's logprobs a constant; ``off_po
 off so that every token trains (with a constant sampler logprob the mask would drop them all).
 The config is otherwise ``art_mcp.train``'s (``TrainConfig(learning_rate=1e-4)``).
 
-Each configuration runs in its own process: load the model, then one ``Trainer.train_step``;
+Each configuration runs in its own process (a fork of one that has imported torch, peft and
+art_core's trainer; a new interpreter for ``--baseline-tree``): load the model, then one
+``Trainer.train_step``;
 ``step peak`` is the process's peak resident memory during that step (the kernel's high-water
 mark, reset after loading), ``estimate`` what the trainer estimated it would be,
 ``proc peak`` the peak over the whole run (loading included) and ``after`` the resident
@@ -41,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _children import in_fresh_process
 from _machine import machine_line
 
 GROUPS, PER_GROUP, MAX_TURNS = 4, 4, 4
@@ -100,8 +103,8 @@ def _resolve(model: str) -> Path:
     return resolve_base_model(model)
 
 
-def _child(spec: dict[str, Any]) -> None:
-    """One configuration in this process; prints ``RESULT {json}``."""
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """One configuration in this process: what it measured, or why it was refused."""
     started = time.perf_counter()
     from art_core.training import TrainConfig, Trainer
 
@@ -122,45 +125,50 @@ def _child(spec: dict[str, Any]) -> None:
             result = trainer.train_step(groups, config)
         except MemoryError as exc:  # SequenceTooLargeError: refused before any forward
             checkpoints = sorted(p.name for p in Path(folder).rglob("*") if p.is_file())
-            print(
-                "RESULT "
-                + json.dumps({"refused": f"{type(exc).__name__}: {exc}", "files": checkpoints}),
-                flush=True,
-            )
-            return
+            return {"refused": f"{type(exc).__name__}: {exc}", "files": checkpoints}
         step_seconds = time.perf_counter() - step_started
         step_peak = _status("VmHWM") if exact else None
         after = _status("VmRSS") or 0
     metrics = result.metrics
     process_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(
-        "RESULT "
-        + json.dumps(
-            {
-                "loaded": loaded,
-                "step_peak": step_peak or metrics.get("train/peak_memory_bytes"),
-                "process_peak": process_peak,
-                "after": after,
-                "step_seconds": step_seconds,
-                "total_seconds": time.perf_counter() - started,
-                "loss": metrics["train/loss"],
-                "grad_norm": metrics["train/grad_norm"],
-                "micro_batches": metrics["train/num_micro_batches"],
-                "token_budget": metrics.get("train/micro_batch_token_budget"),
-                "checkpointing": metrics.get("train/gradient_checkpointing"),
-                "budget": metrics.get("train/memory_budget_bytes"),
-                "estimate": metrics.get("train/estimated_peak_memory_bytes"),
-                "metric_peak": metrics.get("train/peak_memory_bytes"),
-            }
-        ),
-        flush=True,
-    )
+    return {
+        "loaded": loaded,
+        "step_peak": step_peak or metrics.get("train/peak_memory_bytes"),
+        "process_peak": process_peak,
+        "after": after,
+        "step_seconds": step_seconds,
+        "total_seconds": time.perf_counter() - started,
+        "loss": metrics["train/loss"],
+        "grad_norm": metrics["train/grad_norm"],
+        "micro_batches": metrics["train/num_micro_batches"],
+        "token_budget": metrics.get("train/micro_batch_token_budget"),
+        "checkpointing": metrics.get("train/gradient_checkpointing"),
+        "budget": metrics.get("train/memory_budget_bytes"),
+        "estimate": metrics.get("train/estimated_peak_memory_bytes"),
+        "metric_peak": metrics.get("train/peak_memory_bytes"),
+    }
+
+
+def _child(spec: dict[str, Any]) -> None:
+    """One configuration in this process (another checkout's, ``--baseline-tree``); prints
+    ``RESULT {json}``."""
+    print("RESULT " + json.dumps(measure(spec)), flush=True)
+
+
+# What every configuration imports, imported once by multiprocessing's fork server: each
+# configuration runs in a fork of it (fresh allocator and memory high-water mark, no 5-7 s of
+# imports each).
+PRELOAD = ["torch", "peft", "art_core.training"]
 
 
 def _run(spec: dict[str, Any], tree: str | None) -> dict[str, Any]:
-    env = dict(os.environ)
-    if tree:  # the other checkout's art_core first on the path
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
+    if not tree:
+        try:
+            return dict(in_fresh_process(measure, spec, preload=PRELOAD))
+        except RuntimeError as exc:
+            raise SystemExit(f"{spec} failed:\n{exc}") from None
+    env = dict(os.environ)  # the other checkout's art_core first on the path: a new interpreter
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
     command = [sys.executable, __file__, "--child", json.dumps(spec)]
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
