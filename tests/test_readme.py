@@ -30,7 +30,9 @@ What cannot exist here is replaced by a local stand-in, never mocked inside the 
 the hosted generator and judge model (``gpt-4.1``) by ``StandInOpenAI``, an
 OpenAI-compatible server on loopback (``OPENAI_BASE_URL``); a GPU box by ``art-core serve`` on
 loopback; ``smollm2-135m`` by ``tiny-random`` where a block trains (same code path, seconds
-instead of minutes on 2 cores).
+instead of minutes on 2 cores). A block's ``TracingServer("phoenix")`` / ``("mlflow")`` is the
+test session's server of that name (``running_tracing_servers``; started once for the tracing
+suites and this block, tests/conftest.py, by the same ``TracingServer``).
 
 Shell blocks. Every command of every fenced ``bash`` block is listed in ``SHELL`` below: run
 here (with the replacements it lists, each with its reason), or not, with the reason (an
@@ -671,12 +673,52 @@ REPLACE: dict[str, Replace] = {
 # Running one python block (in its own process: `python tests/test_readme.py SPEC.json`)
 
 
+def running_tracing_servers(urls: dict[str, str]) -> type:
+    """What ``TracingServer`` is in a block here: ``TracingServer(NAME)`` is the test
+    session's running server of that name (its URL in ``urls``), left running when the block's
+    ``with`` ends. The same ``TracingServer`` started it (tests/conftest.py)."""
+
+    class RunningTracingServer:
+        def __init__(self, name: str, **_: Any) -> None:
+            self.name, self.url = name, urls[name]
+
+        def start(self) -> RunningTracingServer:
+            return self
+
+        def close(self) -> None:
+            return None
+
+        def __enter__(self) -> RunningTracingServer:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    return RunningTracingServer
+
+
+# The session fixture of each tracing server a block may start (tests/conftest.py).
+TRACING_FIXTURES = {"phoenix": "phoenix", "mlflow": "mlflow_server"}
+
+
+def tracing_servers(block: Block) -> list[str]:
+    """The tracing servers a block starts with ``TracingServer("NAME")``."""
+    return re.findall(r'TracingServer\("(\w+)"\)', block.source)
+
+
 def run_block_here(spec: dict[str, Any]) -> None:
     """Run a block as the README shows it, after its ``given`` entries, in this process."""
     import time
 
+    from art_core.tracing import servers
+
     started = time.perf_counter()
     source: str = spec["source"]
+    if spec.get("tracing_servers"):
+        # This block's own process (a fork): nothing outside it sees the change.
+        servers.TracingServer = running_tracing_servers(spec["tracing_servers"])  # type: ignore[misc]
+        for name, url in spec["tracing_servers"].items():
+            print(f"readme-test: TracingServer({name!r}) is the session's, at {url}", flush=True)
     for name in spec["replace"]:
         sub = REPLACE[name]
         print(f"readme-test: replaced {sub.old!r} with {sub.new!r}: {sub.why}", flush=True)
@@ -767,7 +809,7 @@ def _needs_model(block: Block) -> bool:
 def _marks(block: Block) -> list[pytest.MarkDecorator]:
     """slow for a block with a model; the background installs it needs (run.sh test)."""
     marks = [pytest.mark.slow] if _needs_model(block) else []
-    needs = re.findall(r'TracingServer\("(\w+)"\)', block.source)
+    needs = tracing_servers(block)
     if "cli_agents" in block.given():
         needs.append("cli-agents")
     if "art_verifiers" in block.source:
@@ -799,7 +841,9 @@ def fork_server() -> Iterator[ForkServer | None]:
     "block",
     [pytest.param(b, id=b.name, marks=_marks(b)) for b in PYTHON_BLOCKS],
 )
-def test_python_block_runs(block: Block, tmp_path: Path, fork_server: ForkServer | None) -> None:
+def test_python_block_runs(
+    block: Block, tmp_path: Path, fork_server: ForkServer | None, request: pytest.FixtureRequest
+) -> None:
     if block.skip() is not None:
         pytest.skip(f"marked in the README: {block.skip()}")
     problems = check_markers(block)
@@ -813,6 +857,10 @@ def test_python_block_runs(block: Block, tmp_path: Path, fork_server: ForkServer
         "source": block.source,
         "given": block.given(),
         "replace": block.replace(),
+        "tracing_servers": {
+            name: request.getfixturevalue(TRACING_FIXTURES[name]).url
+            for name in tracing_servers(block)
+        },
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     if fork_server is not None:

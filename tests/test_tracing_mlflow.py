@@ -252,11 +252,8 @@ def test_a_down_mlflow_costs_little_and_raises_nothing(caplog: pytest.LogCapture
 
 
 # ---------------------------------------------------------------------------- a real MLflow
-@pytest.fixture(scope="module")
-def mlflow_server() -> Iterator[TracingServer]:
-    need_mlflow()
-    with TracingServer("mlflow") as server:
-        yield server
+# `mlflow_server`: the session's MLflow server (tests/conftest.py), shared with the tracing
+# guide's block.
 
 
 def any_value(value: dict[str, Any]) -> Any:

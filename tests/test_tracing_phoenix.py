@@ -37,7 +37,7 @@ from art_core.tracing.phoenix import (
     phoenix_base_url,
     phoenix_headers,
 )
-from art_core.tracing.servers import TracingServer, is_installed
+from art_core.tracing.servers import TracingServer
 from art_core.tracing.settings import TracingSettings
 from art_core.tracing.tree import Score, SpanNode
 
@@ -170,15 +170,8 @@ def test_annotations_wait_for_their_span_then_fall_back_to_phoenix_queue(
 
 
 # ---------------------------------------------------------------------------- a real Phoenix
-@pytest.fixture(scope="module")
-def phoenix() -> Iterator[TracingServer]:
-    if not is_installed("phoenix"):
-        reason = "the Phoenix server is not installed: art-core tracing install phoenix"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the Phoenix tests: {reason}")
-        pytest.skip(reason)
-    with TracingServer("phoenix") as server:
-        yield server
+# `phoenix`: the session's Phoenix server (tests/conftest.py), shared with the tracing guide's
+# block.
 
 
 def wait_for(read: Callable[[], T], ready: Callable[[T], bool], what: str) -> T:
