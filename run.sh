@@ -330,7 +330,8 @@ case "$command" in
     paths=(tests)
     for d in $(integrations); do [ -d "$d/tests" ] && paths+=("$d/tests"); done
     # Side by side: one worker per core this process may use (each pinned to its own core,
-    # art_core.testing.workers), a module's tests on one worker (they share its fixtures),
+    # art_core.testing.workers), a module's tests on one worker (they share its fixtures;
+    # modules that share a costly session fixture as one unit: SHARED_SCOPES, tests/conftest.py),
     # the heaviest modules first (tests/durations.json; each run writes its own timings to
     # .art/test-durations.json: CONTRIBUTING.md, the CI budget).
     workers="${ART_TEST_WORKERS:-$("$VENV/bin/python" -c 'from art_core.cpu import cpu_budget; print(cpu_budget())')}"
